@@ -1,0 +1,35 @@
+"""embed on transformers: batched, length-sorted sentence encoding."""
+
+from __future__ import annotations
+
+import time
+
+from pipelines.base import Pipeline as Base
+from pipelines.text_encoder import text_encoder
+from tasks import events as ev
+from tasks.embed import Embedding, Metrics
+
+
+class Pipeline(Base):
+    task = "embed"
+    runtime = "transformers"
+
+    def __init__(self, card, device="auto", dtype="auto"):
+        super().__init__(card, device, dtype)
+        self.encoder = text_encoder(card, device, dtype)
+        self.device, self.dtype = self.encoder.device, self.encoder.dtype
+
+    def run(self, inputs, options, clock):
+        texts = [inp.text for inp in inputs]
+        t = time.perf_counter()
+        with clock.scope("encode"):
+            vecs, tokens, truncated = self.encoder.encode(
+                texts, options.batch_size, options.normalize,
+                progress=None)
+        elapsed = time.perf_counter() - t
+        for i, inp in enumerate(inputs):
+            yield ev.Item(i, inp.source, Embedding(text=inp.text, vector=vecs[i], tokens=tokens[i],
+                                                   truncated=truncated[i]))
+        yield ev.Done(Metrics(items=len(texts), input_tokens=sum(tokens),
+                              items_per_s=len(texts) / elapsed if elapsed > 0 else 0.0,
+                              dim=int(vecs.shape[1])))

@@ -1,0 +1,99 @@
+"""A sentence encoder on transformers: tokenise, forward, mean-pool, L2-normalise.
+
+Shared by embed, search and zero-shot classify, and cached per (model, device, dtype), so a job
+that needs it twice loads it once. Matches sentence-transformers' output for mean-pooling models.
+
+Speed on CPU comes from two things measured in benchmarks/bench_embed.py: texts are sorted by
+length so each batch pads only to its own longest text, and bf16 weights where the CPU has bf16
+matrix units (AMX), with pooling and normalisation in float32.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from pipelines import cached_model
+from pipelines.base import auto_dtype, resolve_device, resolve_dtype
+from tasks.base import ModelCard, TaskError
+
+
+class TextEncoder:
+    def __init__(self, card: ModelCard, device: str, dtype: str) -> None:
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+
+        self.device = resolve_device(device)
+        self.torch_dtype, self.dtype = resolve_dtype(dtype, self.device, auto_dtype(self.device, prefer_bf16=True))
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(card.path)
+            self.model = AutoModel.from_pretrained(card.path, dtype=self.torch_dtype).to(self.device).eval()
+        except (OSError, ValueError, json.JSONDecodeError) as exc:
+            raise TaskError(f"could not load {card.name} from {card.path}: {str(exc).splitlines()[0]}; "
+                            f"the folder may be corrupt or incomplete: re-install or re-download it") from None
+        self.max_length = _max_seq_length(Path(card.path), self.tokenizer)
+        self.pooling = _pooling_mode(Path(card.path))
+        self.dim = self.model.config.hidden_size
+        self._torch = torch
+
+    def encode(self, texts: list[str], batch_size: int = 64, normalize: bool = True,
+               progress=None) -> tuple[np.ndarray, list[int], list[bool]]:
+        """Vectors (float32, in input order), tokens read per text, and whether each was truncated."""
+        torch = self._torch
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        tokens = [0] * len(texts)
+        truncated = [False] * len(texts)
+        for start in range(0, len(order), batch_size):
+            idx = order[start:start + batch_size]
+            batch = [texts[i] for i in idx]
+            enc = self.tokenizer(batch, padding=True, truncation=True, max_length=self.max_length,
+                                 return_tensors="pt", return_overflowing_tokens=False, return_length=False)
+            full = self.tokenizer(batch, add_special_tokens=True, truncation=False)["input_ids"]
+            enc = {k: v.to(self.device) for k, v in enc.items()}
+            hidden = self.model(**enc).last_hidden_state.float()
+            mask = enc["attention_mask"].unsqueeze(-1).float()
+            if self.pooling == "cls":
+                vec = hidden[:, 0]
+            else:
+                vec = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+            if normalize:
+                vec = torch.nn.functional.normalize(vec, p=2, dim=1)
+            out[idx] = vec.cpu().numpy()
+            counts = enc["attention_mask"].sum(1).tolist()
+            for j, i in enumerate(idx):
+                tokens[i] = int(counts[j])
+                truncated[i] = len(full[j]) > self.max_length
+            if progress:
+                progress(min(start + batch_size, len(order)), len(order))
+        return out, tokens, truncated
+
+
+def _max_seq_length(path: Path, tokenizer) -> int:
+    st = path / "sentence_bert_config.json"
+    if st.exists():
+        try:
+            return int(json.loads(st.read_text())["max_seq_length"])
+        except (KeyError, ValueError, json.JSONDecodeError):
+            pass
+    n = getattr(tokenizer, "model_max_length", 512)
+    return n if n and n < 100_000 else 512
+
+
+def _pooling_mode(path: Path) -> str:
+    cfg = path / "1_Pooling" / "config.json"
+    if cfg.exists():
+        try:
+            c = json.loads(cfg.read_text())
+            if c.get("pooling_mode_cls_token"):
+                return "cls"
+        except json.JSONDecodeError:
+            pass
+    return "mean"
+
+
+def text_encoder(card: ModelCard, device: str, dtype: str) -> TextEncoder:
+    return cached_model(card, "transformers", device, dtype, "text-encoder",
+                        lambda: TextEncoder(card, device, dtype))

@@ -1,0 +1,227 @@
+"""The `run` command line. One subcommand per task, built from the task's Options dataclass, so a
+new task needs no CLI code; plus `tasks`, `models`, `logs` and the commands of runner/commands.py.
+
+Kept thin: library errors (TaskError) become one-line click errors here. Set TASKRUN_DEBUG=1 to
+see tracebacks. Importing this module must not import torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from tasks import REGISTRY, get_task
+from tasks.base import Input, Task, TaskError, make_options
+from tasks.inputs import expand_folder, file_input, lines_of, read_text_file, text_input
+
+# Commands that live in their own modules ("module:attribute"), imported only when used.
+EXTRA_COMMANDS: dict[str, str] = {
+    "tasks": "runner.info:tasks_cmd",
+    "models": "runner.info:models_cmd",
+    "logs": "runner.info:logs_cmd",
+}
+
+COMMON_HELP = "Common options: --model, --runtime, --device, --dtype, --json, --format, -o, --offline."
+
+
+def debug() -> bool:
+    return os.environ.get("TASKRUN_DEBUG", "") not in ("", "0")
+
+
+class TaskRunGroup(click.Group):
+    """Lists task commands first; builds each command only when it is asked for."""
+
+    def list_commands(self, ctx):
+        return list(REGISTRY) + [c for c in EXTRA_COMMANDS if c not in REGISTRY] + \
+            sorted(super().list_commands(ctx))
+
+    def get_command(self, ctx, name):
+        if name in REGISTRY:
+            return task_command(REGISTRY[name])
+        if name in EXTRA_COMMANDS:
+            mod, _, attr = EXTRA_COMMANDS[name].partition(":")
+            return getattr(importlib.import_module(mod), attr)
+        return super().get_command(ctx, name)
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except TaskError as exc:
+            if debug():
+                raise
+            raise click.ClickException(str(exc)) from None
+        except click.exceptions.Exit:
+            raise
+        except (click.ClickException, click.Abort, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            if debug():
+                raise
+            raise click.ClickException(f"internal error: {type(exc).__name__}: {exc} "
+                                       f"(set TASKRUN_DEBUG=1 to see the traceback)") from None
+
+
+@click.group(cls=TaskRunGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="taskrun", message="taskrun %(version)s")
+def main():
+    """taskrun: name the task, then the input. Each task has its own options, results and metrics.
+
+    \b
+      run tasks                       what each task takes, returns and measures
+      run transcribe meeting.wav      a transcript with timestamps
+      run embed "a sentence"          vectors
+      run classify photo.jpg          labels with scores
+    """
+
+
+# --------------------------------------------------------------------------- task commands
+
+
+def _field_type(f: dataclasses.Field):
+    """The click type of an Options field: from its choices, its default, or its annotation."""
+    if f.metadata.get("choices"):
+        return click.Choice(f.metadata["choices"])
+    d = f.default
+    if isinstance(d, bool):
+        return bool
+    if isinstance(d, (int, float, str)):
+        return type(d)
+    ann = str(f.type)
+    for name, t in (("int", int), ("float", float), ("Path", click.Path()), ("str", str)):
+        if name in ann:
+            return t
+    return str
+
+
+def _option_params(options_cls: type) -> list[click.Parameter]:
+    params = []
+    for f in dataclasses.fields(options_cls):
+        meta = f.metadata
+        if not meta.get("cli", True):
+            continue
+        flags = list(meta.get("flags") or ("--" + f.name.replace("_", "-"),))
+        kind = _field_type(f)
+        help_ = meta.get("help", "")
+        if kind is bool:
+            if len(flags) == 1 and "/" not in flags[0]:
+                name = flags[0].lstrip("-")
+                flags = [f"--{name}/--no-{name}"]
+            params.append(click.Option(flags + [f.name], default=f.default, help=help_, show_default=True))
+        elif meta.get("multiple"):
+            params.append(click.Option(flags + [f.name], multiple=True, type=kind, default=f.default,
+                                       help=help_, metavar=meta.get("metavar")))
+        else:
+            params.append(click.Option(flags + [f.name], type=kind, default=f.default, help=help_,
+                                       show_default=f.default is not None, metavar=meta.get("metavar")))
+    return params
+
+
+def _common_params(task: Task) -> list[click.Parameter]:
+    fmt_help = f"Output format: {', '.join(task.formats)}."
+    return [
+        click.Option(["-f", "--file", "files"], multiple=True, type=click.Path(exists=True, dir_okay=True),
+                     help="Read inputs from a file ("
+                          + ("one per line" if task.text_file == "lines" else "its whole text")
+                          + " for text) or a folder. Repeatable."),
+        click.Option(["-m", "--model"], help="Model alias (see `run models`), local folder or file, "
+                                            "or hub id org/name[@revision]. Default: the task's default."),
+        click.Option(["--runtime"], help="Runtime to run the model on (default: the model's)."),
+        click.Option(["--device"], default="auto", show_default=True, help="auto, cpu, cuda, cuda:N, mps."),
+        click.Option(["--dtype"], default="auto", show_default=True,
+                     type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+                     help="Weights/compute dtype; auto picks the fastest that keeps accuracy."),
+        click.Option(["--json", "json_mode"], is_flag=True, help="One JSON object for the job on stdout."),
+        click.Option(["--format", "fmt"], type=click.Choice(task.formats), default=None, help=fmt_help),
+        click.Option(["-o", "--output"], type=click.Path(dir_okay=False),
+                     help="Write the result to this file (written whole, or not at all)."),
+        click.Option(["--offline"], is_flag=True, help="Never reach the network for models."),
+        click.Option(["--log-db"], type=click.Path(dir_okay=False), envvar="TASKRUN_LOG_DB",
+                     help="Run log SQLite file [env TASKRUN_LOG_DB]."),
+        click.Option(["-q", "--quiet"], is_flag=True, help="No progress or metrics on stderr."),
+    ] + ([click.Option(["--then", "then"], multiple=True, metavar="TASK",
+                       help=f"Hand this job's {task.produces} to another task (e.g. --then summarize); "
+                            f"each stage is logged and measured separately. Repeatable.")]
+         if task.produces else [])
+
+
+def task_command(task: Task) -> click.Command:
+    params: list[click.Parameter] = [click.Argument(["inputs"], nargs=-1)]
+    params += _option_params(task.Options) + _common_params(task)
+    extra = getattr(task, "cli_params", None)
+    if extra:
+        params += extra()
+
+    def callback(inputs, files, model, runtime, device, dtype, json_mode, fmt, output, offline, log_db,
+                 quiet, **kw):
+        from runner.execute import execute
+
+        handled = {p.name for p in (extra() if extra else [])} | {"then"}
+        extras = {k: kw.pop(k) for k in list(kw) if k in handled}
+        values = {k: v for k, v in kw.items()}
+        return execute(task, inputs=inputs, files=files, values=values, model=model, runtime=runtime,
+                       device=device, dtype=dtype, json_mode=json_mode, fmt=fmt, output=output,
+                       offline=offline, log_db=log_db, quiet=quiet, extras=extras)
+
+    arg_help = f"\n\nInputs: {task.takes}.\n\nReturns: {task.returns}.\n\n" \
+               f"Measures: {', '.join(f.name for f in dataclasses.fields(task.Metrics))}."
+    return click.Command(task.name, params=params, callback=callback, help=task.summary + arg_help,
+                         short_help=task.summary)
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def gather_inputs(task: Task, args: tuple[str, ...], files: tuple[str, ...]) -> list[Input]:
+    """Positional args (texts or paths), -f files and folders, or stdin → Inputs, kinds sniffed."""
+    out: list[Input] = []
+    takes_text = "text" in task.input_kinds
+    for i, arg in enumerate(args, 1):
+        p = Path(arg)
+        if arg and len(arg) < 4096 and "\n" not in arg and p.exists():
+            out += _path_inputs(task, p)
+        elif takes_text:
+            out.append(text_input(arg, f"argument {i}"))
+        else:
+            raise TaskError(f"{arg}: no such file; {task.name} takes {task.takes}")
+    for f in files:
+        out += _path_inputs(task, Path(f), from_file_option=True)
+    if not args and not files and not sys.stdin.isatty():
+        data = sys.stdin.read()
+        if data.strip():
+            if not takes_text:
+                raise TaskError(f"{task.name} takes {task.takes}, not text on stdin; name the files")
+            if task.text_file == "lines":
+                out += [Input(source=f"stdin:{n}", kind="text", text=line.strip())
+                        for n, line in enumerate(data.splitlines(), 1) if line.strip()]
+            else:
+                out.append(text_input(data, "stdin"))
+    return out
+
+
+def _path_inputs(task: Task, p: Path, from_file_option: bool = False) -> list[Input]:
+    if p.is_dir():
+        return [file_input(f) for f in expand_folder(p, task.input_kinds)]
+    inp = file_input(p)
+    if inp.kind == "text" and "text" in task.input_kinds and task.text_file == "lines":
+        return lines_of(p)
+    return [inp]
+
+
+def options_from(task: Task, values: dict[str, Any]) -> Any:
+    """Options from CLI values; fields the user did not set keep their dataclass defaults."""
+    defaults = {f.name: f.default for f in dataclasses.fields(task.Options)}
+    given = {}
+    for k, v in values.items():
+        if isinstance(v, tuple) and not isinstance(defaults.get(k), tuple):
+            v = v or defaults.get(k)
+        given[k] = v
+    return make_options(task.Options, given)
+
+
+__all__ = ["main", "gather_inputs", "options_from", "read_text_file"]

@@ -1,0 +1,229 @@
+"""Running one job: resolve → check → load → run → log. Every front door (CLI, chains) uses this.
+
+The job's clock starts first, so ``wall_s`` is the whole job as the user waits; ``load_s`` is
+resolution plus reading weights (close to 0 when the model is cached in-process).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import resource
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+from tasks import events as ev
+from tasks.base import Input, ModelCard, Task, TaskError, to_jsonable
+from tasks.clock import Clock
+
+
+@dataclass
+class JobRecord:
+    """A finished (or failed) job: what ran, on what, with what result and numbers."""
+
+    id: str
+    task: str
+    started_at: str
+    options: Any = None
+    card: ModelCard | None = None
+    runtime: str | None = None
+    device: str | None = None
+    dtype: str | None = None
+    items: list[ev.Item] = field(default_factory=list)
+    errors: list[ev.ItemError] = field(default_factory=list)
+    metrics: Any = None  # the task's Metrics
+    load_s: float = 0.0
+    wall_s: float = 0.0
+    peak_rss_mb: float = 0.0
+    status: str = "running"  # ok | partial (some items failed) | failed
+    error: str | None = None
+    input_digest: str | None = None
+    n_inputs: int = 0
+    chain_id: str | None = None
+    stage: int | None = None
+
+    @property
+    def results(self) -> list[Any]:
+        return [it.result for it in sorted(self.items, key=lambda i: i.index)]
+
+    def common_metrics(self) -> dict:
+        return {"load_s": round(self.load_s, 4), "wall_s": round(self.wall_s, 4),
+                "peak_rss_mb": round(self.peak_rss_mb, 1)}
+
+    def metrics_dict(self) -> dict:
+        return {**self.common_metrics(), **(to_jsonable(self.metrics) or {})}
+
+    def to_json(self) -> dict:
+        card = self.card
+        return {
+            "id": self.id, "task": self.task, "status": self.status, "error": self.error,
+            "model": None if card is None else {"name": card.name, "path": card.path, "digest": card.digest,
+                                                "architecture": card.architecture, "source": card.source},
+            "runtime": self.runtime, "device": self.device, "dtype": self.dtype,
+            "options": to_jsonable(self.options),
+            "items": [{"index": it.index, "input": it.source, "result": to_jsonable(it.result)}
+                      for it in sorted(self.items, key=lambda i: i.index)],
+            "errors": [{"index": e.index, "input": e.source, "error": e.message} for e in self.errors],
+            "metrics": self.metrics_dict(),
+            **({"chain_id": self.chain_id, "stage": self.stage} if self.chain_id else {}),
+        }
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far (MB). A process-wide high-water mark."""
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kb / 1024 if sys.platform != "darwin" else kb / 1024 / 1024
+
+
+def input_digest(inputs: list[Input]) -> str:
+    h = hashlib.sha256()
+    for inp in inputs:
+        if inp.text is not None:
+            h.update(inp.text.encode())
+        elif inp.path:
+            with open(inp.path, "rb") as f:
+                while chunk := f.read(1 << 22):
+                    h.update(chunk)
+        h.update(b"\0")
+    return "sha256:" + h.hexdigest()
+
+
+def versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for pkg in ("taskrun", "torch", "transformers", "diffusers", "faster-whisper"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def new_id() -> str:
+    # Time-ordered and unique across processes: sortable in `run logs`, safe under concurrency.
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:8]
+
+
+def run_job(task: Task, get_inputs: Callable[[], list[Input]], options: Any | Callable[[], Any], *,
+            model: str | None = None, runtime: str | None = None, device: str = "auto",
+            dtype: str = "auto", offline: bool = False, log=None,
+            on_event: Callable[[Any], None] | None = None,
+            chain_id: str | None = None, stage: int | None = None) -> JobRecord:
+    """Run one job to the end and log it. Raises TaskError (after logging) when the job fails."""
+    clock = Clock()
+    rec = JobRecord(id=new_id(), task=task.name, chain_id=chain_id, stage=stage,
+                    started_at=datetime.now(timezone.utc).isoformat(timespec="milliseconds"))
+    emit = on_event or (lambda e: None)
+    try:
+        rec.options = options() if callable(options) else options
+        inputs = get_inputs()
+        if not inputs and task.inputs_required:
+            raise TaskError(f"no input given; {task.name} takes {task.takes}")
+        rec.n_inputs = len(inputs)
+        rec.input_digest = input_digest(inputs)
+        _run(task, inputs, rec, clock, emit, model=model, runtime=runtime, device=device,
+             dtype=dtype, offline=offline)
+        rec.status = "partial" if rec.errors else "ok"
+    except TaskError as exc:
+        rec.status, rec.error = "failed", str(exc)
+        raise
+    except KeyboardInterrupt:
+        rec.status, rec.error = "failed", "interrupted"
+        raise
+    except Exception as exc:
+        rec.status, rec.error = "failed", f"{type(exc).__name__}: {exc}"
+        raise
+    finally:
+        rec.wall_s = clock.now()
+        rec.peak_rss_mb = peak_rss_mb()
+        if log is not None:
+            log.append(log_row(rec))
+    return rec
+
+
+def _run(task: Task, inputs: list[Input], rec: JobRecord, clock: Clock, emit, *, model, runtime,
+         device, dtype, offline) -> None:
+    from pipelines import load_pipeline
+    from pipelines.resolve import default_model, resolve
+
+    # Per-item input checks: in a batch a bad item is reported and the rest go on.
+    good: list[tuple[int, Input]] = []
+    for i, inp in enumerate(inputs):
+        try:
+            task.check_input(inp)
+            good.append((i, inp))
+        except TaskError as exc:
+            if len(inputs) == 1:
+                raise
+            err = ev.ItemError(i, inp.describe(), str(exc))
+            rec.errors.append(err)
+            emit(err)
+    if not good and inputs:
+        raise TaskError(f"none of the {len(inputs)} inputs could be used; see the errors above")
+
+    t_load = time.perf_counter()
+    first_kind = good[0][1].kind if good else None
+    card = resolve(model or default_model(task.name, first_kind), offline=offline)
+    rec.card = card
+    task.check([inp for _, inp in good], rec.options, card)
+    rec.runtime = runtime or card.runtime
+    pipe = load_pipeline(task.name, card, rec.runtime, device, dtype)
+    rec.load_s = time.perf_counter() - t_load
+    rec.device, rec.dtype = pipe.device, pipe.dtype
+
+    index = [i for i, _ in good]
+    for event in _guarded(pipe.run([inp for _, inp in good], rec.options, clock)):
+        if isinstance(event, (ev.Item, ev.ItemError, ev.Token, ev.Partial)):
+            event = _reindex(event, index)
+        if isinstance(event, ev.Item):
+            rec.items.append(event)
+        elif isinstance(event, ev.ItemError):
+            rec.errors.append(event)
+        elif isinstance(event, ev.Done):
+            rec.metrics = event.metrics
+        emit(event)
+    if rec.metrics is None:
+        raise RuntimeError(f"the {rec.runtime} pipeline for {task.name} ended without its metrics")
+
+
+def _guarded(gen):
+    """Run the pipeline under torch's inference mode when torch is in use."""
+    import torch
+
+    with torch.inference_mode():
+        yield from gen
+
+
+def _reindex(event, index: list[int]):
+    import dataclasses
+
+    return dataclasses.replace(event, index=index[event.index]) if event.index < len(index) else event
+
+
+def log_row(rec: JobRecord) -> dict:
+    card = rec.card
+    return {
+        "id": rec.id, "started_at": rec.started_at, "task": rec.task,
+        "model": card.name if card else None, "model_path": card.path if card else None,
+        "model_digest": card.digest if card else None, "model_source": card.source if card else None,
+        "runtime": rec.runtime, "device": rec.device, "dtype": rec.dtype,
+        "options": to_jsonable(rec.options), "input_digest": rec.input_digest, "inputs": rec.n_inputs,
+        "summary": summarize_items(rec), "metrics": rec.metrics_dict(), "versions": versions(),
+        "status": rec.status, "error": rec.error, "chain_id": rec.chain_id, "stage": rec.stage,
+    }
+
+
+def summarize_items(rec: JobRecord, limit: int = 300) -> str:
+    """A short human summary of the results for `run logs`."""
+    parts = []
+    for it in sorted(rec.items, key=lambda i: i.index):
+        s = getattr(it.result, "summary", None)
+        parts.append(s() if callable(s) else str(to_jsonable(it.result))[:80])
+    if rec.errors:
+        parts.append(f"{len(rec.errors)} failed")
+    text = "; ".join(parts)
+    return text if len(text) <= limit else text[: limit - 1] + "…"

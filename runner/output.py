@@ -1,0 +1,115 @@
+"""How results and numbers reach the user: results on stdout, progress and metrics on stderr,
+files written whole or not at all."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from tasks import events as ev
+from tasks.base import atomic_write, to_jsonable  # noqa: F401  (re-exported for the runner)
+
+
+def fmt_value(v: Any) -> str:
+    if isinstance(v, float):
+        if v == 0:
+            return "0"
+        if abs(v) >= 100:
+            return f"{v:,.1f}"
+        if abs(v) >= 1:
+            return f"{v:.3f}"
+        return f"{v:.4f}"
+    return str(v)
+
+
+def metrics_table(rec) -> str:
+    """The job's numbers: what ran on what, the common metrics, then the task's own."""
+    card = rec.card
+    lines = []
+    if card is not None:
+        lines.append(f"model    {card.name}  {card.digest[:19]}  ({card.source})")
+        lines.append(f"runtime  {rec.runtime}  device {rec.device}  dtype {rec.dtype}")
+    m = rec.metrics_dict()
+    width = max((len(k) for k in m), default=0)
+    for k, v in m.items():
+        if v is None or isinstance(v, (dict, list)):
+            continue
+        lines.append(f"{k:<{width}}  {fmt_value(v)}")
+    lines.append(f"{'run id':<{width}}  {rec.id}")
+    return "\n".join(lines)
+
+
+class EventPrinter:
+    """Renders a job's events as they come: streamed text and items on stdout, progress on stderr."""
+
+    def __init__(self, task, options, *, json_mode: bool, stream: bool = True, show_items: bool = True,
+                 quiet: bool = False) -> None:
+        self.task, self.options = task, options
+        self.json_mode, self.stream, self.show_items, self.quiet = json_mode, stream, show_items, quiet
+        self.streamed: set[int] = set()
+        self.bar = None
+        self.err_count = 0
+
+    def __call__(self, event: Any) -> None:
+        if isinstance(event, ev.Token):
+            if self.stream and not self.json_mode and self.show_items:
+                click.echo(event.text, nl=False)
+                sys.stdout.flush()
+                self.streamed.add(event.index)
+        elif isinstance(event, ev.Partial):
+            if self.stream and not self.json_mode and self.show_items:
+                self._clear_bar_line()
+                click.echo(self.task.render_partial(event.value, self.options))
+                self.streamed.add(event.index)
+        elif isinstance(event, (ev.Step, ev.Progress)):
+            self._progress(event)
+        elif isinstance(event, ev.Item):
+            if not self.json_mode and self.show_items:
+                if event.index in self.streamed:
+                    tail = self.task.render_tail(event.result, self.options)
+                    click.echo("")
+                    if tail:
+                        click.echo(tail, err=True)
+                else:
+                    self._clear_bar_line()
+                    click.echo(self.task.render(event.result, self.options))
+        elif isinstance(event, ev.ItemError):
+            self.err_count += 1
+            self._clear_bar_line()
+            click.secho(f"error: {event.source}: {event.message}", err=True, fg="red")
+        elif isinstance(event, ev.Done):
+            self.close()
+
+    def _progress(self, event) -> None:
+        if self.quiet or not sys.stderr.isatty() and not os.environ.get("TASKRUN_PROGRESS"):
+            return
+        from tqdm import tqdm
+
+        if isinstance(event, ev.Step):
+            if self.bar is None:
+                self.bar = tqdm(total=event.total, unit="step", file=sys.stderr, leave=False)
+            self.bar.set_postfix_str(f"{event.seconds:.3f}s/step")
+            self.bar.update(event.step - self.bar.n)
+        else:
+            if self.bar is None:
+                self.bar = tqdm(total=event.total, unit=event.unit, file=sys.stderr, leave=False,
+                                desc=event.label or None)
+            self.bar.update(event.done - self.bar.n)
+
+    def _clear_bar_line(self) -> None:
+        if self.bar is not None:
+            self.bar.clear()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def print_json(obj: Any) -> None:
+    click.echo(json.dumps(to_jsonable(obj), ensure_ascii=False))

