@@ -49,6 +49,13 @@ def configure_threads() -> None:
     n = os.environ.get("TASKRUN_THREADS")
     if n:
         torch.set_num_threads(int(n))
+    try:  # taskrun draws its own progress on stderr; the libraries' load bars are noise there
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+    except ImportError:
+        pass
     _CONFIGURED = True
 
 

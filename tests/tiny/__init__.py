@@ -1,0 +1,30 @@
+"""Tiny random models of the real architectures, built in code, one module per task.
+
+Each ``tests/tiny/<task>.py`` defines ``case(root: Path) -> TinyCase``: a saved tiny model and
+inputs that the task accepts. The contract test (tests/test_contract.py) runs every registered
+task through the CLI on its tiny case, so a new task without one fails the suite.
+Builders are seeded and cached under ``root`` (built once per test run).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class TinyCase:
+    model: str  # a local folder or file that --model accepts
+    args: list[str]  # positional CLI arguments (texts or file paths)
+    options: list[str] = field(default_factory=list)  # extra CLI options, e.g. ["--labels", "a,b"]
+    runtime: str | None = None
+
+
+def once(root: Path, name: str) -> tuple[Path, bool]:
+    """(folder, exists): the folder for a tiny model and whether it was already built."""
+    d = root / name
+    return d, (d / ".done").exists()
+
+
+def done(folder: Path) -> None:
+    (folder / ".done").write_text("ok")
