@@ -82,6 +82,7 @@ ARCH_RULES: list[ArchRule] = [
     ArchRule(r"ForSequenceClassification$", ("classify",), "text-classification", ("transformers",)),
     ArchRule(r"^(Bert|MPNet|XLMRoberta|Roberta|DistilBert|NomicBert|E5|Electra)Model$|SentenceTransformer",
              ("embed", "search", "classify"), "sentence-embedding", ("transformers",)),
+    ArchRule(r"ForCausalLM$|LMHeadModel$", ("generate", "summarize"), "text-generation", ("transformers",)),
 ]
 
 # Which tasks need which input kind of model when more than one (classify takes text and images).
