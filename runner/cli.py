@@ -52,6 +52,11 @@ class TaskRunGroup(click.Group):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:
+            name = ctx.invoked_subcommand
+            if name in REGISTRY:  # a bad option is a failed job too: it goes in the run log
+                _log_usage_failure(name, exc.format_message())
+            raise
         except TaskError as exc:
             if debug():
                 raise
@@ -65,6 +70,19 @@ class TaskRunGroup(click.Group):
                 raise
             raise click.ClickException(f"internal error: {type(exc).__name__}: {exc} "
                                        f"(set TASKRUN_DEBUG=1 to see the traceback)") from None
+
+
+def _log_usage_failure(task: str, message: str) -> None:
+    from datetime import datetime, timezone
+
+    from runner.jobs import new_id
+    from runner.runlog import RunLog
+
+    try:
+        RunLog().append({"id": new_id(), "task": task, "status": "failed", "error": message,
+                         "started_at": datetime.now(timezone.utc).isoformat(timespec="milliseconds")})
+    except Exception:  # the usage error is what the user must see; never mask it
+        pass
 
 
 @click.group(cls=TaskRunGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -183,7 +201,7 @@ def gather_inputs(task: Task, args: tuple[str, ...], files: tuple[str, ...]) -> 
     takes_text = "text" in task.input_kinds
     for i, arg in enumerate(args, 1):
         p = Path(arg)
-        if arg and len(arg) < 4096 and "\n" not in arg and p.exists():
+        if _is_path(arg):
             out += _path_inputs(task, p)
         elif takes_text:
             out.append(text_input(arg, f"argument {i}"))
@@ -202,6 +220,16 @@ def gather_inputs(task: Task, args: tuple[str, ...], files: tuple[str, ...]) -> 
             else:
                 out.append(text_input(data, "stdin"))
     return out
+
+
+def _is_path(arg: str) -> bool:
+    """An argument names a file when one exists by that name; a long sentence is not a name."""
+    if not arg or "\n" in arg or len(arg) > 4096:
+        return False
+    try:
+        return Path(arg).exists()
+    except OSError:  # ENAMETOOLONG and friends: it is text
+        return False
 
 
 def _path_inputs(task: Task, p: Path, from_file_option: bool = False) -> list[Input]:

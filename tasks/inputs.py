@@ -41,10 +41,19 @@ def sniff_bytes(head: bytes) -> str:
     try:
         head.decode("utf-8")
     except UnicodeDecodeError as exc:
-        # A multi-byte character cut at the sniff boundary is still text.
-        if exc.start < len(head) - 4:
+        # A multi-byte character cut at the sniff boundary is still text. Text in another
+        # encoding (latin-1, cp1252) is still text: reading it says how to convert it.
+        if exc.start < len(head) - 4 and _control_ratio(head) > 0.05:
             return "binary"
     return "text"
+
+
+def _control_ratio(head: bytes) -> float:
+    """Share of bytes that no text encoding uses for ordinary characters."""
+    if not head:
+        return 0.0
+    ctrl = sum(1 for b in head if (b < 32 and b not in (9, 10, 12, 13)) or b == 127)
+    return ctrl / len(head)
 
 
 def sniff(path: str | Path) -> str:

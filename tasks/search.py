@@ -13,7 +13,7 @@ class Options:
     corpus: str = option("", "--corpus", help="A text/markdown file or a folder of them to search.",
                          metavar="FILE|DIR")
     top_k: int = option(5, "-k", "--top-k", help="How many passages to return per query.")
-    passage_chars: int = option(800, "--passage-chars",
+    passage_chars: int = option(500, "--passage-chars",
                                 help="Longest passage, in characters; paragraphs are split or joined to fit.")
     batch_size: int = option(64, "--batch-size", help="Passages per forward pass when embedding the corpus.")
 

