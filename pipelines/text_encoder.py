@@ -36,36 +36,41 @@ class TextEncoder:
         self.max_length = _max_seq_length(Path(card.path), self.tokenizer)
         self.pooling = _pooling_mode(Path(card.path))
         self.dim = self.model.config.hidden_size
+        self._token_types = getattr(self.model.config, "type_vocab_size", 0) > 0
         self._torch = torch
 
     def encode(self, texts: list[str], batch_size: int = 64, normalize: bool = True,
                progress=None) -> tuple[np.ndarray, list[int], list[bool]]:
         """Vectors (float32, in input order), tokens read per text, and whether each was truncated."""
         torch = self._torch
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
+        # Tokenise once, untruncated: the lengths sort the batches (each pads only to its own
+        # longest text) and tell which texts the window cut.
+        ids = self.tokenizer(texts, add_special_tokens=True, truncation=False)["input_ids"]
+        truncated = [len(x) > self.max_length for x in ids]
+        ids = [x if len(x) <= self.max_length else x[: self.max_length - 1] + x[-1:] for x in ids]
+        tokens = [len(x) for x in ids]
+        order = sorted(range(len(texts)), key=lambda i: tokens[i], reverse=True)
+        pad = self.tokenizer.pad_token_id or 0
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        tokens = [0] * len(texts)
-        truncated = [False] * len(texts)
         for start in range(0, len(order), batch_size):
             idx = order[start:start + batch_size]
-            batch = [texts[i] for i in idx]
-            enc = self.tokenizer(batch, padding=True, truncation=True, max_length=self.max_length,
-                                 return_tensors="pt", return_overflowing_tokens=False, return_length=False)
-            full = self.tokenizer(batch, add_special_tokens=True, truncation=False)["input_ids"]
-            enc = {k: v.to(self.device) for k, v in enc.items()}
-            hidden = self.model(**enc).last_hidden_state.float()
-            mask = enc["attention_mask"].unsqueeze(-1).float()
+            width = tokens[idx[0]]
+            input_ids = torch.full((len(idx), width), pad, dtype=torch.long)
+            mask = torch.zeros((len(idx), width), dtype=torch.long)
+            for j, i in enumerate(idx):
+                input_ids[j, : tokens[i]] = torch.tensor(ids[i])
+                mask[j, : tokens[i]] = 1
+            hidden = self.model(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
+                                token_type_ids=torch.zeros_like(input_ids).to(self.device)
+                                if self._token_types else None).last_hidden_state.float()
+            m = mask.to(self.device).unsqueeze(-1).float()
             if self.pooling == "cls":
                 vec = hidden[:, 0]
             else:
-                vec = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+                vec = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
             if normalize:
                 vec = torch.nn.functional.normalize(vec, p=2, dim=1)
             out[idx] = vec.cpu().numpy()
-            counts = enc["attention_mask"].sum(1).tolist()
-            for j, i in enumerate(idx):
-                tokens[i] = int(counts[j])
-                truncated[i] = len(full[j]) > self.max_length
             if progress:
                 progress(min(start + batch_size, len(order)), len(order))
         return out, tokens, truncated

@@ -60,7 +60,7 @@ class SearchTask(Task):
         lines = [f"query: {result.query}"]
         for rank, h in enumerate(result.hits, 1):
             snippet = " ".join(h.text.split())
-            snippet = snippet if len(snippet) <= 160 else snippet[:159] + "…"
+            snippet = snippet if len(snippet) <= 300 else snippet[:299] + "…"
             lines.append(f"{rank:>2}. {h.score:.3f}  {h.file}:{h.line_start}-{h.line_end}\n    {snippet}")
         return "\n".join(lines)
 
