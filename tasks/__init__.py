@@ -14,6 +14,8 @@ _MODULES = {
     "embed": "tasks.embed",
     "search": "tasks.search",
     "classify": "tasks.classify",
+    "generate": "tasks.generate",
+    "summarize": "tasks.summarize",
 }
 
 REGISTRY: dict[str, Task] = {name: importlib.import_module(mod).TASK for name, mod in _MODULES.items()}
