@@ -22,10 +22,16 @@ class Pipeline(Base):
     def run(self, inputs, options, clock):
         texts = [inp.text for inp in inputs]
         t = time.perf_counter()
-        with clock.scope("encode"):
-            vecs, tokens, truncated = self.encoder.encode(
-                texts, options.batch_size, options.normalize,
-                progress=None)
+        steps = self.encoder.encode_steps(texts, options.batch_size, options.normalize)
+        while True:
+            try:
+                with clock.scope("encode"):
+                    done = next(steps)
+            except StopIteration as stop:
+                vecs, tokens, truncated = stop.value
+                break
+            if len(texts) > options.batch_size:
+                yield ev.Progress(done, len(texts), "texts")
         elapsed = time.perf_counter() - t
         for i, inp in enumerate(inputs):
             yield ev.Item(i, inp.source, Embedding(text=inp.text, vector=vecs[i], tokens=tokens[i],

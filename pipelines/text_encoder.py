@@ -39,9 +39,19 @@ class TextEncoder:
         self._token_types = getattr(self.model.config, "type_vocab_size", 0) > 0
         self._torch = torch
 
-    def encode(self, texts: list[str], batch_size: int = 64, normalize: bool = True,
-               progress=None) -> tuple[np.ndarray, list[int], list[bool]]:
+    def encode(self, texts: list[str], batch_size: int = 64, normalize: bool = True
+               ) -> tuple[np.ndarray, list[int], list[bool]]:
         """Vectors (float32, in input order), tokens read per text, and whether each was truncated."""
+        steps = self.encode_steps(texts, batch_size, normalize)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as stop:
+                return stop.value
+
+    def encode_steps(self, texts: list[str], batch_size: int = 64, normalize: bool = True):
+        """Like ``encode``, but a generator: yields the count of texts done after each batch and
+        returns encode's result, so a pipeline can report progress as it goes."""
         torch = self._torch
         # Tokenise once, untruncated: the lengths sort the batches (each pads only to its own
         # longest text) and tell which texts the window cut.
@@ -71,8 +81,7 @@ class TextEncoder:
             if normalize:
                 vec = torch.nn.functional.normalize(vec, p=2, dim=1)
             out[idx] = vec.cpu().numpy()
-            if progress:
-                progress(min(start + batch_size, len(order)), len(order))
+            yield min(start + batch_size, len(order))
         return out, tokens, truncated
 
 
