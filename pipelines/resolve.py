@@ -80,6 +80,8 @@ class ArchRule:
 # First match wins. A pipeline module adds its rule here when it adds a task.
 ARCH_RULES: list[ArchRule] = [
     ArchRule(r"ForSequenceClassification$", ("classify",), "text-classification", ("transformers",)),
+    ArchRule(r"ForImageClassification$", ("classify",), "image-classification", ("transformers",)),
+    ArchRule(r"ForObjectDetection$", ("detect",), "object-detection", ("transformers",)),
     ArchRule(r"^(Bert|MPNet|XLMRoberta|Roberta|DistilBert|NomicBert|E5|Electra)Model$|SentenceTransformer",
              ("embed", "search", "classify"), "sentence-embedding", ("transformers",)),
     ArchRule(r"ForCausalLM$|LMHeadModel$", ("generate", "summarize"), "text-generation", ("transformers",)),

@@ -14,6 +14,7 @@ _MODULES = {
     "embed": "tasks.embed",
     "search": "tasks.search",
     "classify": "tasks.classify",
+    "detect": "tasks.detect",
     "generate": "tasks.generate",
     "summarize": "tasks.summarize",
 }

