@@ -25,6 +25,9 @@ EXTRA_COMMANDS: dict[str, str] = {
     "tasks": "runner.info:tasks_cmd",
     "models": "runner.info:models_cmd",
     "logs": "runner.info:logs_cmd",
+    "chain": "runner.llm_cli:chain_cmd",
+    "ask": "runner.llm_cli:ask_cmd",
+    "fit": "runner.llm_cli:fit_cmd",
 }
 
 COMMON_HELP = "Common options: --model, --runtime, --device, --dtype, --json, --format, -o, --offline."
