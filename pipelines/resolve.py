@@ -85,6 +85,10 @@ ARCH_RULES: list[ArchRule] = [
     ArchRule(r"^(Bert|MPNet|XLMRoberta|Roberta|DistilBert|NomicBert|E5|Electra)Model$|SentenceTransformer",
              ("embed", "search", "classify"), "sentence-embedding", ("transformers",)),
     ArchRule(r"ForCausalLM$|LMHeadModel$", ("generate", "summarize"), "text-generation", ("transformers",)),
+    # A CTranslate2 Whisper folder runs on faster-whisper, or on transformers after a one-time conversion.
+    ArchRule(r"^WhisperCT2$", ("transcribe",), "speech-recognition", ("ctranslate2", "transformers")),
+    ArchRule(r"^WhisperForConditionalGeneration$|ForCTC$", ("transcribe",), "speech-recognition",
+             ("transformers",)),
 ]
 
 # Which tasks need which input kind of model when more than one (classify takes text and images).

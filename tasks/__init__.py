@@ -17,6 +17,7 @@ _MODULES = {
     "detect": "tasks.detect",
     "generate": "tasks.generate",
     "summarize": "tasks.summarize",
+    "transcribe": "tasks.transcribe",
 }
 
 REGISTRY: dict[str, Task] = {name: importlib.import_module(mod).TASK for name, mod in _MODULES.items()}
