@@ -1,0 +1,163 @@
+"""transcribe: recordings → transcripts with segment timestamps (txt, json, srt, vtt)."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tasks.base import Task, TaskError, metric, option, require, to_jsonable
+
+WHISPER_WINDOW_S = 30.0  # Whisper hears 30 s at a time; a longer chunk would be cut off
+
+
+@dataclass(frozen=True)
+class Options:
+    language: str | None = option(None, "--language", metavar="CODE",
+                                  help="Spoken language as a code (en, de, fr, ...); default: English "
+                                       "for .en models, detected from the first speech otherwise.")
+    task: str = option("transcribe", "--task", choices=("transcribe", "translate"),
+                       help="transcribe keeps the spoken language; translate outputs English "
+                            "(multilingual Whisper only).")
+    chunk_s: float = option(30.0, "--chunk-s",
+                            help="Longest piece decoded at once, in seconds; each cut falls in the "
+                                 "quietest moment of the piece's last seconds.")
+    vad: bool = option(True, "--vad",
+                       help="Skip non-speech with voice-activity detection (Silero): faster on "
+                            "meetings, and silence yields no invented words.")
+    beam_size: int = option(5, "--beam-size", help="Beam width for Whisper decoding (1 = greedy).")
+    word_timestamps: bool = option(False, "--word-timestamps",
+                                   help="Also give each word's start and end (ctranslate2 runtime).")
+
+    def __post_init__(self):
+        if self.language is not None:
+            require(bool(re.fullmatch(r"[a-z]{2,3}", self.language)),
+                    f"--language takes a language code such as en or de (got '{self.language}')")
+        require(self.task in ("transcribe", "translate"),
+                f"--task must be transcribe or translate (got '{self.task}')")
+        require(1.0 <= self.chunk_s <= WHISPER_WINDOW_S,
+                f"--chunk-s must be between 1 and {WHISPER_WINDOW_S:g} seconds, the length Whisper "
+                f"hears at once (got {self.chunk_s:g}); long files are chunked automatically")
+        require(1 <= self.beam_size <= 16, f"--beam-size must be 1 to 16 (got {self.beam_size})")
+
+
+@dataclass(frozen=True)
+class Word:
+    start: float  # seconds from the start of the file
+    end: float
+    word: str
+    probability: float
+
+
+@dataclass(frozen=True)
+class Segment:
+    start: float  # seconds from the start of the file
+    end: float
+    text: str
+    words: tuple[Word, ...] | None = None  # with --word-timestamps
+
+
+@dataclass
+class Transcript:
+    source: str
+    text: str
+    language: str
+    audio_s: float  # the decoded audio's length
+    segments: list[Segment] = field(default_factory=list)
+
+    def summary(self) -> str:
+        head = self.text[:60] + ("…" if len(self.text) > 60 else "")
+        return f"{self.audio_s:.1f} s, {len(self.segments)} segments: {head!r}"
+
+
+Result = Transcript
+
+
+@dataclass
+class Metrics:
+    audio_s: float = metric("length of all decoded audio, seconds")
+    rtf: float = metric("processing time (read + resample + VAD + decode) ÷ audio_s; lower is faster")
+    chunks: int = metric("pieces decoded by the model (silent pieces skipped are not counted)", 0)
+    words: int = metric("words in all transcripts", 0)
+    speech_s: float | None = metric("audio that voice-activity detection kept as speech (with --vad)", None)
+    rtf_speech: float | None = metric("processing time ÷ speech_s (with --vad)", None)
+
+
+# --------------------------------------------------------------------------- formats
+
+
+def clock(t: float, sep: str = ",", hours: bool = True) -> str:
+    """Seconds → 00:01:02,345 (SRT) or 00:01:02.345 (VTT); rounded to the millisecond."""
+    ms = max(0, int(round(t * 1000)))
+    h, ms = divmod(ms, 3_600_000)
+    m, ms = divmod(ms, 60_000)
+    s, ms = divmod(ms, 1000)
+    return f"{h:02d}:{m:02d}:{s:02d}{sep}{ms:03d}" if hours or h else f"{m:02d}:{s:02d}{sep}{ms:03d}"
+
+
+def _timeline(items: list[Transcript]) -> list[Segment]:
+    """All segments on one timeline: several files play one after another."""
+    out, offset = [], 0.0
+    for tr in items:
+        out += [Segment(s.start + offset, s.end + offset, s.text, s.words) for s in tr.segments if s.text]
+        offset += tr.audio_s
+    return out
+
+
+def to_srt(items: list[Transcript]) -> str:
+    blocks = [f"{i}\n{clock(s.start)} --> {clock(s.end)}\n{s.text}\n"
+              for i, s in enumerate(_timeline(items), 1)]
+    return "\n".join(blocks)
+
+
+def to_vtt(items: list[Transcript]) -> str:
+    blocks = [f"{clock(s.start, '.')} --> {clock(s.end, '.')}\n{s.text.replace('-->', '->')}\n"
+              for s in _timeline(items)]
+    return "WEBVTT\n\n" + "\n".join(blocks)
+
+
+def to_txt(items: list[Transcript]) -> str:
+    if len(items) == 1:
+        return items[0].text + "\n"
+    return "\n".join(f"# {tr.source}\n{tr.text}\n" for tr in items)
+
+
+class TranscribeTask(Task):
+    def render_partial(self, seg: Segment, options) -> str:
+        return f"[{clock(seg.start, '.', False)} → {clock(seg.end, '.', False)}] {seg.text}"
+
+    def render_tail(self, result: Transcript, options) -> str:
+        return "(no speech found)" if not result.segments else ""
+
+    def render(self, result: Transcript, options) -> str:
+        if not result.segments:
+            return f"{result.source}: (no speech found)"
+        return "\n".join(self.render_partial(s, options) for s in result.segments)
+
+    def write(self, items: list[Transcript], fmt: str, path: Path | None, options) -> str:
+        if fmt == "srt":
+            return to_srt(items)
+        if fmt == "vtt":
+            return to_vtt(items)
+        if fmt == "txt":
+            return to_txt(items)
+        if fmt == "json":
+            return json.dumps(to_jsonable(items), ensure_ascii=False, indent=1)
+        raise TaskError(f"transcribe has no '{fmt}' format; choose one of {', '.join(self.formats)}")
+
+    def handoff(self, result: Transcript) -> str:
+        return result.text
+
+
+TASK = TranscribeTask(
+    name="transcribe",
+    summary="Turn speech recordings into text with timestamps (long files are chunked).",
+    takes="audio files (wav, flac, ogg; any sample rate and channel count) or folders of them",
+    returns="a transcript per file with timed segments; --format txt|json|srt|vtt, -o FILE",
+    Options=Options, Result=Result, Metrics=Metrics,
+    input_kinds=("audio",),
+    model_kinds="a speech-recognition model such as whisper-tiny.en",
+    formats=("text", "json", "txt", "srt", "vtt"),
+    produces="text",
+)
