@@ -57,7 +57,7 @@ def ensure_converted(card: ModelCard) -> Path:
             raise TaskError(f"transformers could not read {src.name} ({type(exc).__name__}: {exc}); "
                             f"give an HF folder of the same model with --model") from None
         tok.save_pretrained(tmp)
-        model.save_pretrained(tmp, safe_serialization=True)
+        _save_plain(model, tmp)
         (tmp / "source.txt").write_text(f"{src}\n{card.digest}\n")
         (tmp / ".done").write_text("ok")
         if target.exists():
@@ -67,3 +67,21 @@ def ensure_converted(card: ModelCard) -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _save_plain(model, folder: Path) -> None:
+    """Save dequantised weights as plain safetensors: transformers refuses to ``save_pretrained`` a
+    model loaded from GGUF (it still counts as quantised), though its tensors are ordinary floats."""
+    from safetensors.torch import save_file
+
+    cfg = model.config
+    if hasattr(cfg, "quantization_config"):
+        delattr(cfg, "quantization_config")
+    cfg.save_pretrained(folder)
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(folder)
+    state = model.state_dict()
+    if getattr(cfg, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)  # tied: rebuilt from the embeddings on load
+    save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"),
+              metadata={"format": "pt"})

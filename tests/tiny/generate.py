@@ -40,7 +40,8 @@ def build(root: Path) -> Path:
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=CONTEXT,
                       bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                      pad_token_id=tok.pad_token_id, tie_word_embeddings=True)
+                      pad_token_id=tok.pad_token_id, tie_word_embeddings=True,
+                      initializer_range=0.3)  # large random weights: varied, non-repeating text
     LlamaForCausalLM(cfg).eval().save_pretrained(folder)
     done(folder)
     return folder
