@@ -57,6 +57,37 @@ def build_model(architecture: str, weights: str | Path):
     return model.eval()
 
 
+# (conv, batch norm) pairs of EfficientNet, on the model and on each MBConv block
+_MODEL_PAIRS = (("_conv_stem", "_bn0"), ("_conv_head", "_bn1"))
+_BLOCK_PAIRS = (("_expand_conv", "_bn0"), ("_depthwise_conv", "_bn1"), ("_project_conv", "_bn2"))
+
+
+def fuse_for_inference(model):
+    """Fold each batch norm into the convolution before it and make ReLU6 in-place.
+
+    In eval mode a batch norm is a fixed per-channel scale and shift, so the conv can absorb it:
+    the same function with two fewer passes over every activation map (about a third of the
+    forward time on CPU). Done in float32, before any cast.
+    """
+    from torch import nn
+    from torch.nn.utils.fusion import fuse_conv_bn_eval
+
+    def fold(owner, pairs):
+        for conv_name, bn_name in pairs:
+            conv, bn = getattr(owner, conv_name, None), getattr(owner, bn_name, None)
+            if isinstance(bn, nn.BatchNorm2d) and conv is not None:
+                setattr(owner, conv_name, fuse_conv_bn_eval(conv, bn))
+                setattr(owner, bn_name, nn.Identity())
+
+    fold(model, _MODEL_PAIRS)
+    for block in model._blocks:
+        fold(block, _BLOCK_PAIRS)
+    for owner in [model, *model._blocks]:
+        if isinstance(getattr(owner, "_swish", None), nn.ReLU6):
+            owner._swish = nn.ReLU6(inplace=True)
+    return model
+
+
 def preprocess(image, size: int) -> np.ndarray:
     """An RGB PIL image → float32 CHW array in [-1, 1] at size×size (the whole picture, squeezed)."""
     from PIL import Image
@@ -85,7 +116,8 @@ class Pipeline(Base):
 
         self.size = int(card.extra.get("image_size") or EfficientNet.get_image_size(name))
         self.model = cached_model(card, "torch", self.device, self.dtype, "efficientnet", lambda: best_cpu_layout(
-            build_model(card.architecture, card.path).to(self.device, self.torch_dtype), self.device))
+            fuse_for_inference(build_model(card.architecture, card.path)).to(self.device, self.torch_dtype),
+            self.device))
         self.labels = imagenet_labels()
 
     def run(self, inputs, options, clock):

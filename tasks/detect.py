@@ -77,12 +77,11 @@ class DetectTask(Task):
         for inp in inputs:
             self.check_input(inp)
         if card.kind not in FACE_KINDS:
+            what = f"`{card.name}` is an {card.kind or 'object-detection'} model"
             if options.landmarks:
-                raise TaskError(f"--landmarks needs a face detector; `{card.name}` is {card.kind or 'an object'} "
-                                f"detector. Leave out --model to use mtcnn")
+                raise TaskError(f"--landmarks needs a face detector; {what}. Leave out --model to use mtcnn")
             if options.min_face != 20:
-                raise TaskError(f"--min-face applies to face detectors only; `{card.name}` is "
-                                f"{card.kind or 'an object'} detector")
+                raise TaskError(f"--min-face applies to face detectors only; {what}; leave it out")
         if options.annotate:
             parent = Path(options.annotate).resolve().parent
             if not Path(options.annotate).is_dir() and not parent.is_dir():

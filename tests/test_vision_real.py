@@ -83,3 +83,19 @@ def test_astronaut_has_one_face_where_her_face_is_and_the_rocket_none(tmp_path):
 def test_cat_and_coffee_have_no_human_face():
     out = job("detect", IMAGES / "cat.jpg", IMAGES / "coffee.jpg")
     assert [it["result"]["boxes"] for it in out["items"]] == [[], []]
+
+
+def test_folding_batch_norm_into_the_convs_changes_nothing():
+    import torch
+
+    from pipelines.classify_torch import build_model, fuse_for_inference, preprocess
+    from pipelines.resolve import resolve
+    from tasks.images import load_image
+
+    card = resolve("efficientnet-lite0")
+    x = torch.stack([torch.from_numpy(preprocess(load_image(f), 224)) for f in sorted(IMAGES.glob("*.jpg"))])
+    plain = build_model(card.architecture, card.path)
+    fused = fuse_for_inference(build_model(card.architecture, card.path))
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in fused.modules())
+    with torch.inference_mode():
+        assert torch.allclose(plain(x).softmax(-1), fused(x).softmax(-1), atol=1e-5)
