@@ -89,6 +89,9 @@ ARCH_RULES: list[ArchRule] = [
     ArchRule(r"^WhisperCT2$", ("transcribe",), "speech-recognition", ("ctranslate2", "transformers")),
     ArchRule(r"^WhisperForConditionalGeneration$|ForCTC$", ("transcribe",), "speech-recognition",
              ("transformers",)),
+    # diffusers folders: model_index.json names the pipeline class (StableDiffusionPipeline,
+    # DDPMPipeline, …); a bare UNet2DModel folder is a pixel-space diffusion model.
+    ArchRule(r"Pipeline$|^UNet2DModel$", ("image",), "image-generation", ("diffusers",)),
 ]
 
 # Which tasks need which input kind of model when more than one (classify takes text and images).
@@ -142,17 +145,67 @@ _GGUF_ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral
 
 
 def _gguf_architecture(path: Path) -> str:
-    try:
-        from gguf import GGUFReader
-    except ImportError:
-        raise TaskError("reading GGUF files needs the gguf package: pip install gguf") from None
-    try:
-        reader = GGUFReader(str(path))
-        field = reader.fields["general.architecture"]
-        arch = bytes(field.parts[field.data[0]]).decode()
-    except Exception as exc:  # a truncated or foreign file
-        raise TaskError(f"{path} is not a readable GGUF file ({exc})") from None
+    arch = gguf_metadata(path).get("general.architecture")
+    if not isinstance(arch, str):
+        raise TaskError(f"{path} has no general.architecture in its GGUF header; is it a GGUF model?")
     return _GGUF_ARCH.get(arch, f"{arch}ForCausalLM")
+
+
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q",
+                 12: "<d"}
+
+
+def gguf_metadata(path: Path) -> dict:
+    """The key/value header of a GGUF file (strings and numbers; arrays are skipped).
+
+    gguf's GGUFReader maps and indexes every tensor, which takes seconds on a 100 MB file; the
+    header alone is a few KB and is all that resolution and `run fit` need.
+    """
+    import struct
+
+    def read(f, fmt):
+        size = struct.calcsize(fmt)
+        data = f.read(size)
+        if len(data) != size:
+            raise EOFError
+        return struct.unpack(fmt, data)[0]
+
+    def read_str(f):
+        return f.read(read(f, "<Q")).decode("utf-8", "replace")
+
+    def skip_value(f, vtype):
+        if vtype in _GGUF_SCALARS:
+            f.seek(struct.calcsize(_GGUF_SCALARS[vtype]), 1)
+        elif vtype == 8:
+            f.seek(read(f, "<Q"), 1)
+        elif vtype == 9:
+            etype, n = read(f, "<I"), read(f, "<Q")
+            if etype in _GGUF_SCALARS:
+                f.seek(n * struct.calcsize(_GGUF_SCALARS[etype]), 1)
+            else:
+                for _ in range(n):
+                    skip_value(f, etype)
+        else:
+            raise ValueError(f"unknown GGUF value type {vtype}")
+
+    out: dict = {}
+    try:
+        with open(path, "rb") as f:
+            if f.read(4) != b"GGUF":
+                raise ValueError("no GGUF magic")
+            read(f, "<I")  # version
+            read(f, "<Q")  # tensor count
+            for _ in range(read(f, "<Q")):
+                key, vtype = read_str(f), read(f, "<I")
+                if vtype in _GGUF_SCALARS:
+                    out[key] = read(f, _GGUF_SCALARS[vtype])
+                elif vtype == 8:
+                    out[key] = read_str(f)
+                else:
+                    skip_value(f, vtype)
+    except (OSError, EOFError, ValueError, struct.error) as exc:
+        raise TaskError(f"{path} is not a readable GGUF file ({exc or 'truncated'}); re-download it") from None
+    return out
 
 
 # --------------------------------------------------------------------------- sources
