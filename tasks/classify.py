@@ -68,6 +68,13 @@ class ClassifyTask(Task):
             raise TaskError(f"zero-shot classification with `{card.name}` needs at least two labels: "
                             f"--labels positive,negative")
 
+    def check_input(self, inp: Input) -> None:
+        super().check_input(inp)
+        if inp.kind == "image":
+            from tasks.images import probe_image
+
+            probe_image(inp.path)  # a non-image or a decompression bomb is refused before weights load
+
     def render(self, result: Result, options) -> str:
         lines = [f"{result.input}"]
         for lab in result.labels[: options.top_k if options else 5]:

@@ -89,6 +89,9 @@ class DetectTask(Task):
 
     def check_input(self, inp: Input) -> None:
         check_input_kind(self, inp)
+        from tasks.images import probe_image
+
+        probe_image(inp.path)  # a non-image or a decompression bomb is refused before weights load
 
     def render(self, result: Result, options) -> str:
         lines = [f"{result.input}  {result.width}x{result.height}  {result.summary()}"]

@@ -27,6 +27,39 @@ def max_pixels() -> int:
         raise TaskError(f"TASKRUN_MAX_PIXELS must be a whole number of pixels (got {env!r})") from None
 
 
+def probe_image(path: str | Path) -> tuple[int, int]:
+    """(width, height) from the header only: refuses empty files, non-images and oversized
+    pictures cheaply, before any weights load. Damage later in the file shows up in load_image."""
+    from PIL import Image, UnidentifiedImageError
+
+    p = Path(path)
+    if p.stat().st_size == 0:
+        raise TaskError(f"{p} is empty (0 bytes); it is not an image")
+    old_limit = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = None
+    try:
+        with Image.open(p) as img:
+            w, h = img.size
+    except UnidentifiedImageError:
+        raise TaskError(f"{p} is not an image that can be read (PNG, JPEG, GIF, BMP, TIFF, WebP)") from None
+    except OSError as exc:
+        raise TaskError(f"{p}: cannot open it as an image ({exc})") from None
+    finally:
+        Image.MAX_IMAGE_PIXELS = old_limit
+    _check_size(p, w, h)
+    return w, h
+
+
+def _check_size(p: Path, w: int, h: int) -> None:
+    if w <= 0 or h <= 0:
+        raise TaskError(f"{p} has zero size ({w}x{h} pixels)")
+    limit = max_pixels()
+    if w * h > limit:
+        raise TaskError(f"{p} is {w}x{h} = {w * h:,} pixels, over the limit of {limit:,} that guards "
+                        f"against decompression bombs; shrink it, or raise TASKRUN_MAX_PIXELS if you "
+                        f"trust the file")
+
+
 def load_image(path: str | Path) -> Any:
     """An upright RGB ``PIL.Image`` for ``path``.
 
@@ -43,7 +76,6 @@ def load_image(path: str | Path) -> Any:
         raise TaskError(f"{p}: cannot read it ({exc.strerror or exc})") from None
     if size == 0:
         raise TaskError(f"{p} is empty (0 bytes); it is not an image")
-    limit = max_pixels()
     old_limit = Image.MAX_IMAGE_PIXELS
     # PIL's own check only warns below twice its limit; the explicit check below refuses instead.
     Image.MAX_IMAGE_PIXELS = None
@@ -54,13 +86,7 @@ def load_image(path: str | Path) -> Any:
             raise TaskError(f"{p} is not an image that can be read (PNG, JPEG, GIF, BMP, TIFF, WebP)") from None
         except OSError as exc:
             raise TaskError(f"{p}: cannot open it as an image ({exc})") from None
-        w, h = img.size
-        if w <= 0 or h <= 0:
-            raise TaskError(f"{p} has zero size ({w}x{h} pixels)")
-        if w * h > limit:
-            raise TaskError(f"{p} is {w}x{h} = {w * h:,} pixels, over the limit of {limit:,} that guards "
-                            f"against decompression bombs; shrink it, or raise TASKRUN_MAX_PIXELS if you "
-                            f"trust the file")
+        _check_size(p, *img.size)
         try:
             img.load()
         except OSError as exc:  # "image file is truncated", broken streams

@@ -229,3 +229,15 @@ def test_mtcnn_nets_match_the_shipped_state_dicts():
 
     model = MTCNN.from_folder(weights_dir())  # strict: a renamed or missing layer fails here
     assert sum(p.numel() for p in model.parameters()) > 400_000
+
+
+def test_a_bomb_among_good_images_fails_alone_before_loading(tiny_dir, pics, tmp_path, monkeypatch):
+    big = tmp_path / "big.png"
+    Image.new("RGB", (300, 300)).save(big)
+    monkeypatch.setenv("TASKRUN_MAX_PIXELS", "50000")
+    r = invoke("detect", pics[0], big, "-m", build_yolos(tiny_dir), "--json", "-q")
+    assert r.exit_code != 0
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert [it["index"] for it in out["items"]] == [0] and "decompression" in out["errors"][0]["error"]
+    alone = invoke("classify", big)  # one input: refused before the default model loads
+    assert alone.exit_code != 0 and "over the limit of 50,000" in alone.output
