@@ -18,6 +18,7 @@ _MODULES = {
     "generate": "tasks.generate",
     "summarize": "tasks.summarize",
     "transcribe": "tasks.transcribe",
+    "image": "tasks.image",
 }
 
 REGISTRY: dict[str, Task] = {name: importlib.import_module(mod).TASK for name, mod in _MODULES.items()}

@@ -1,0 +1,9 @@
+from tests.tiny import TinyCase
+from tests.tiny.sd import build
+
+
+def case(root):
+    out = root / "image-out"  # where images go without -o, so the contract test writes no files in cwd
+    out.mkdir(exist_ok=True)
+    return TinyCase(model=str(build(root)), args=["a red fox"],
+                    options=["--steps", "2", "--seed", "0", "--out-dir", str(out)])
