@@ -126,7 +126,7 @@ class Pipeline(Base):
         stats: dict = {}
 
         def process(batch):
-            x = torch.from_numpy(np.stack([preprocess(img, self.size) for _, img in batch]))
+            x = torch.from_numpy(np.stack([arr for _, arr in batch]))
             x = x.to(self.device, self.torch_dtype)
             if self.device == "cpu":
                 x = x.contiguous(memory_format=torch.channels_last)
@@ -135,5 +135,6 @@ class Pipeline(Base):
                 yield index, Result(input=inputs[index].describe(), labels=top_labels(p, self.labels, options.top_k))
 
         with clock.scope("classify"):
-            yield from run_batches(inputs, options.batch_size, process, stats)
+            yield from run_batches(inputs, options.batch_size, process, stats,
+                                   prepare=lambda img: preprocess(img, self.size))
         yield ev.Done(rate_metrics(Metrics, stats))

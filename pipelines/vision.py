@@ -13,28 +13,45 @@ from tasks.images import load_images
 Process = Callable[[list[tuple[int, Any]]], Iterable[Any]]
 
 
-def run_batches(inputs: list, batch_size: int, process: Process, stats: dict) -> Iterator[Any]:
+def run_batches(inputs: list, batch_size: int, process: Process, stats: dict,
+                prepare: Callable[[Any], Any] | None = None) -> Iterator[Any]:
     """Decode and process ``inputs`` ``batch_size`` at a time, yielding Item / ItemError / Progress.
 
-    A file that cannot be read becomes an ItemError and the rest of its batch goes on. ``stats``
-    receives ``items`` (finished) and ``seconds`` (decode + preprocess + forward + postprocess).
+    A file that cannot be read becomes an ItemError and the rest of its batch goes on. The next
+    batch is decoded (and passed through ``prepare``, e.g. resized to an array) on a helper
+    thread while the model runs on this one: Pillow releases the GIL while it decodes and
+    resizes. ``stats`` receives ``items`` (finished) and ``seconds`` (decode + preprocess +
+    forward + postprocess).
     """
-    total, done, ok = len(inputs), 0, 0
+    from concurrent.futures import ThreadPoolExecutor
+
+    total, ok = len(inputs), 0
+    starts = list(range(0, total, batch_size))
+
+    def load(start):
+        good, bad = load_images(inputs[start:start + batch_size], start)
+        if prepare is not None:
+            good = [(i, prepare(img)) for i, img in good]
+        return good, bad
+
     t0 = time.perf_counter()
-    for start in range(0, total, batch_size):
-        chunk = inputs[start:start + batch_size]
-        good, bad = load_images(chunk, start)
-        yield from bad
-        if good:
-            for out in process(good):
-                if isinstance(out, ev.ItemError):
-                    yield out
-                else:
-                    index, result = out
-                    ok += 1
-                    yield ev.Item(index, inputs[index].describe(), result)
-        done += len(chunk)
-        yield ev.Progress(done, total, "images")
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="taskrun-decode") as pool:
+        pending = pool.submit(load, starts[0]) if starts else None
+        for k, start in enumerate(starts):
+            good, bad = pending.result()
+            if k + 1 < len(starts):
+                pending = pool.submit(load, starts[k + 1])
+            yield from bad
+            if good:
+                for out in process(good):
+                    if isinstance(out, ev.ItemError):
+                        yield out
+                    else:
+                        index, result = out
+                        ok += 1
+                        yield ev.Item(index, inputs[index].describe(), result)
+            done = min(start + batch_size, total)
+            yield ev.Progress(done, total, "images")
     stats["items"] = ok
     stats["seconds"] = time.perf_counter() - t0
 
