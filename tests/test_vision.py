@@ -169,6 +169,18 @@ def test_boxes_come_back_in_original_pixels(tiny_dir, pics, builder):
     assert out["metrics"]["items"] == 3
 
 
+def test_yolos_batches_of_mixed_sizes_equal_one_at_a_time(tiny_dir, pics):
+    """YOLOS has no pixel mask: padding a mixed-size batch would change its boxes, so the pipeline
+    batches it by size. Random heads make the boxes depend on the pixels."""
+    yolos = build_yolos(tiny_dir, fixed=False)
+    batched = job("detect", *pics, "-m", yolos, "-t", "0", "--batch-size", "3")
+    single = job("detect", *pics, "-m", yolos, "-t", "0", "--batch-size", "1")
+    for a, b in zip(batched["items"], single["items"]):
+        boxes_a = [[x["x0"], x["y0"], x["x1"], x["y1"], x["score"]] for x in a["result"]["boxes"]]
+        boxes_b = [[x["x0"], x["y0"], x["x1"], x["y1"], x["score"]] for x in b["result"]["boxes"]]
+        assert boxes_a and np.allclose(boxes_a, boxes_b, atol=1e-3)
+
+
 def test_threshold_filters_boxes(tiny_dir, pics):
     yolos = build_yolos(tiny_dir)
     assert job("detect", pics[0], "-m", yolos, "-t", "0.70")["items"][0]["result"]["boxes"]

@@ -54,8 +54,9 @@ def build_vit(root: Path) -> Path:
     return folder
 
 
-def build_yolos(root: Path) -> Path:
-    folder, ready = once(root, "tiny-yolos")
+def build_yolos(root: Path, fixed: bool = True) -> Path:
+    """``fixed=False`` keeps the random output heads: outputs then depend on the pixels."""
+    folder, ready = once(root, "tiny-yolos" if fixed else "tiny-yolos-random")
     if ready:
         return folder
     import torch
@@ -68,7 +69,8 @@ def build_yolos(root: Path) -> Path:
                       num_attention_heads=2, intermediate_size=64, num_detection_tokens=6,
                       num_labels=len(LABELS), **_labels())
     model = YolosForObjectDetection(cfg).eval()
-    _fix_heads(model)
+    if fixed:
+        _fix_heads(model)
     model.save_pretrained(folder)
     YolosImageProcessorPil(size={"shortest_edge": 32, "longest_edge": 64}).save_pretrained(folder)
     done(folder)
