@@ -45,9 +45,6 @@ class Box:
     y1: float  # bottom
     landmarks: list[list[float]] | None = None  # [[x, y] × 5] for faces with --landmarks
 
-    def area(self) -> float:
-        return max(0.0, self.x1 - self.x0) * max(0.0, self.y1 - self.y0)
-
 
 @dataclass
 class Result:

@@ -8,6 +8,7 @@ tasks) stays fast. Nothing here imports torch.
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -30,24 +31,35 @@ def max_pixels() -> int:
 def probe_image(path: str | Path) -> tuple[int, int]:
     """(width, height) from the header only: refuses empty files, non-images and oversized
     pictures cheaply, before any weights load. Damage later in the file shows up in load_image."""
-    from PIL import Image, UnidentifiedImageError
-
     p = Path(path)
     if p.stat().st_size == 0:
         raise TaskError(f"{p} is empty (0 bytes); it is not an image")
-    old_limit = Image.MAX_IMAGE_PIXELS
-    Image.MAX_IMAGE_PIXELS = None
-    try:
-        with Image.open(p) as img:
-            w, h = img.size
-    except UnidentifiedImageError:
-        raise TaskError(f"{p} is not an image that can be read (PNG, JPEG, GIF, BMP, TIFF, WebP)") from None
-    except OSError as exc:
-        raise TaskError(f"{p}: cannot open it as an image ({exc})") from None
-    finally:
-        Image.MAX_IMAGE_PIXELS = old_limit
+    with _open(p) as img:
+        w, h = img.size
     _check_size(p, w, h)
     return w, h
+
+
+_PIL_LIMIT = threading.Lock()
+
+
+def _open(p: Path) -> Any:
+    """``Image.open`` (header only) with PIL's own bomb check off: it only warns below twice its
+    limit, and _check_size refuses with taskrun's limit instead. The lock keeps PIL's global
+    setting consistent when the decode thread and the main thread open files at once."""
+    from PIL import Image, UnidentifiedImageError
+
+    with _PIL_LIMIT:
+        old = Image.MAX_IMAGE_PIXELS
+        Image.MAX_IMAGE_PIXELS = None
+        try:
+            return Image.open(p)
+        except UnidentifiedImageError:
+            raise TaskError(f"{p} is not an image that can be read (PNG, JPEG, GIF, BMP, TIFF, WebP)") from None
+        except OSError as exc:
+            raise TaskError(f"{p}: cannot open it as an image ({exc})") from None
+        finally:
+            Image.MAX_IMAGE_PIXELS = old
 
 
 def _check_size(p: Path, w: int, h: int) -> None:
@@ -67,7 +79,7 @@ def load_image(path: str | Path) -> Any:
     applies the EXIF orientation, so a phone photo taken sideways is read the way it is shown.
     Transparent pixels are composited onto white (what a viewer shows), not black.
     """
-    from PIL import Image, ImageOps, UnidentifiedImageError
+    from PIL import ImageOps
 
     p = Path(path)
     try:
@@ -76,25 +88,14 @@ def load_image(path: str | Path) -> Any:
         raise TaskError(f"{p}: cannot read it ({exc.strerror or exc})") from None
     if size == 0:
         raise TaskError(f"{p} is empty (0 bytes); it is not an image")
-    old_limit = Image.MAX_IMAGE_PIXELS
-    # PIL's own check only warns below twice its limit; the explicit check below refuses instead.
-    Image.MAX_IMAGE_PIXELS = None
+    img = _open(p)
+    _check_size(p, *img.size)
     try:
-        try:
-            img = Image.open(p)
-        except UnidentifiedImageError:
-            raise TaskError(f"{p} is not an image that can be read (PNG, JPEG, GIF, BMP, TIFF, WebP)") from None
-        except OSError as exc:
-            raise TaskError(f"{p}: cannot open it as an image ({exc})") from None
-        _check_size(p, *img.size)
-        try:
-            img.load()
-        except OSError as exc:  # "image file is truncated", broken streams
-            raise TaskError(f"{p} is damaged or cut short ({exc}); re-export or re-download it") from None
-        except Exception as exc:  # decoders raise SyntaxError, ValueError... for corrupt data
-            raise TaskError(f"{p} could not be decoded ({type(exc).__name__}: {exc})") from None
-    finally:
-        Image.MAX_IMAGE_PIXELS = old_limit
+        img.load()
+    except OSError as exc:  # "image file is truncated", broken streams
+        raise TaskError(f"{p} is damaged or cut short ({exc}); re-export or re-download it") from None
+    except Exception as exc:  # decoders raise SyntaxError, ValueError... for corrupt data
+        raise TaskError(f"{p} could not be decoded ({type(exc).__name__}: {exc})") from None
     try:
         img = ImageOps.exif_transpose(img)
     except Exception:  # a malformed EXIF block: the pixels are fine, keep them as stored
