@@ -3,8 +3,10 @@ streaming decode loop shared by generate and summarize.
 
 The loop is hand-rolled rather than ``model.generate``: it runs in the caller's thread (no
 streamer thread that can hang), times the first token exactly, and skips generate()'s per-token
-bookkeeping. With ``TASKRUN_COMPILE=1`` the single-token decode step runs on a static KV cache
-through ``torch.compile``; see benchmarks/bench_generate.py for what each choice costs.
+bookkeeping. For Llama-architecture models on CPU the forward pass itself is the lean one in
+pipelines/llama_fast.py (fused projections, static KV cache, int8 weights by default); other
+models run the transformers module on a growing cache. benchmarks/bench_generate.py measures
+each choice; torch.compile was measured too and did not pay (see the benchmark's notes).
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ class LLM:
             v = getattr(src, "eos_token_id", None)
             eos |= set(v) if isinstance(v, (list, tuple)) else ({v} if v is not None else set())
         self.eos = eos
-        self._compiled = None
+        self.fast = None  # a FastLlama when the architecture allows (pipelines/llama_fast.py)
 
     # ----------------------------------------------------------------- prompts
 
@@ -152,44 +154,32 @@ class LLM:
 
         if limit <= 0:
             return
-        model = self.model
-        dev = self.device
-        step = self._step_fn(len(ids) + limit)
-        cache, forward = step
-        x = torch.tensor([ids], device=dev)
+        if self.fast is not None:
+            f = self.fast
+            f.reset()
+            f.ensure(len(ids) + limit)
+            logits = f.forward(torch.tensor(ids))
+            for i in range(limit):
+                token = sample(logits, s, gen)
+                yield token
+                if i + 1 < limit:
+                    logits = f.forward(torch.tensor([token]))
+            return
+        from transformers import DynamicCache
+
+        model, dev = self.model, self.device
+        cache = DynamicCache(config=model.config)
         pos = torch.arange(len(ids), device=dev)
-        logits = model(input_ids=x, cache=cache, use_cache=True, position_ids=pos[None],
-                       logits_to_keep=1).logits[0, -1]
+        model = torch.inference_mode()(model)  # no autograd records, even outside the runner
+        logits = model(input_ids=torch.tensor([ids], device=dev), cache=cache, use_cache=True,
+                       position_ids=pos[None], logits_to_keep=1).logits[0, -1]
         for i in range(limit):
             token = sample(logits, s, gen)
             yield token
-            if i + 1 == limit:
-                return
-            p = len(ids) + i
-            x = torch.tensor([[token]], device=dev)
-            cp = torch.tensor([p], device=dev)
-            logits = forward(x, cache, cp)[0, -1]
-
-    def _step_fn(self, length: int):
-        """(cache, decode step). Eager: a growing cache. Compiled: a static cache and one compiled
-        single-token step, reused across jobs while the window fits."""
-        from transformers import DynamicCache, StaticCache
-
-        model = self.model
-        if os.environ.get("TASKRUN_COMPILE", "") not in ("1", "true"):
-            def eager(x, cache, cp):
-                return model(input_ids=x, cache=cache, use_cache=True, position_ids=cp[None]).logits
-            return DynamicCache(config=model.config), eager
-        import torch
-
-        size = 1 << max(8, (length - 1).bit_length())  # few distinct sizes → few recompiles
-        size = min(size, self.context)
-        cache = StaticCache(config=model.config, max_cache_len=size)
-        if self._compiled is None:
-            def step(x, cache, cp):
-                return model(input_ids=x, cache=cache, use_cache=True, position_ids=cp[None]).logits
-            self._compiled = torch.compile(step, dynamic=False, fullgraph=False)
-        return cache, self._compiled
+            if i + 1 < limit:
+                p = torch.tensor([[len(ids) + i]], device=dev)
+                logits = model(input_ids=torch.tensor([[token]], device=dev), cache=cache, use_cache=True,
+                               position_ids=p).logits[0, -1]
 
 
 def _partial_stop(text: str, stops: tuple[str, ...], holdback: int) -> int:
@@ -228,10 +218,19 @@ def sample(logits, s: Sampling, gen) -> int:
 
 
 def load_llm(card: ModelCard, device: str, dtype: str) -> LLM:
-    """The model and tokenizer for ``card`` (a GGUF is converted once, then read from the cache)."""
-    from pipelines.gguf_convert import ensure_converted
+    """The model and tokenizer for ``card`` (a GGUF is converted once, then read from the cache).
 
-    torch_dtype, name = resolve_dtype(dtype, device, auto="float32")
+    On CPU, ``auto`` runs Llama-architecture models on the lean decoder with int8 weights
+    (bfloat16 activations): decoding streams every weight once per token, so a quarter of the
+    bytes is most of the speed. ``float32`` runs the same decoder unrounded (exactly transformers'
+    numbers); ``bfloat16`` casts the weights.
+    """
+    from pipelines.gguf_convert import ensure_converted
+    from pipelines.llama_fast import FastLlama, int8_available, supports
+
+    want_int8 = dtype in ("auto", "", None) and device == "cpu" and int8_available() and \
+        os.environ.get("TASKRUN_INT8", "1") != "0"
+    torch_dtype, name = resolve_dtype("float32" if want_int8 else dtype, device, auto="float32")
 
     def factory():
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -244,9 +243,21 @@ def load_llm(card: ModelCard, device: str, dtype: str) -> LLM:
             raise TaskError(f"could not load {card.name} as a causal LM ({exc}); point --model at a "
                             f"Hugging Face folder with config.json and tokenizer files, or a GGUF") from None
         model.to(device).eval()
-        return LLM(model, tok, device, name)
+        llm = LLM(model, tok, device, name)
+        if device == "cpu" and supports(model) and os.environ.get("TASKRUN_FAST", "1") != "0":
+            import torch
 
-    return cached_model(card, "transformers", device, name, "causal-lm", factory)
+            with torch.inference_mode():
+                llm.fast = FastLlama(model, weights="int8" if want_int8 and torch_dtype == torch.float32
+                                     else "float")
+            if llm.fast.weights == "int8":
+                llm.dtype = "int8"  # weights int8 per channel; activations bfloat16
+        elif want_int8:
+            llm.dtype = "float32"
+        return llm
+
+    key = "int8" if want_int8 else name
+    return cached_model(card, "transformers", device, key, "causal-lm", factory)
 
 
 def estimate_cost(input_tokens: int, output_tokens: int, price_in: float, price_out: float) -> float | None:

@@ -211,3 +211,30 @@ def test_real_smollm2_knows_the_capital_of_france():
     assert out["model"]["path"].endswith(".gguf")
     m = out["metrics"]
     assert 0 < m["ttft_s"] <= m["wall_s"] and m["output_tokens"] > 0
+
+
+def test_lean_decoder_matches_transformers_token_for_token(tiny, monkeypatch):
+    """The fast Llama forward (float32) gives exactly the tokens of the transformers module."""
+    from pipelines import clear_cache
+    from pipelines.llm import load_llm
+    from pipelines.resolve import resolve
+
+    card = resolve(tiny)
+    clear_cache()
+    monkeypatch.setenv("TASKRUN_FAST", "0")
+    slow = copy.copy(load_llm(card, "cpu", "float32"))
+    assert slow.fast is None
+    clear_cache()
+    monkeypatch.setenv("TASKRUN_FAST", "1")
+    fast = copy.copy(load_llm(card, "cpu", "float32"))
+    int8 = copy.copy(load_llm(card, "cpu", "auto"))
+    clear_cache()
+    assert fast.fast is not None and fast.dtype == "float32" and int8.dtype == "int8"
+    for llm in (slow, fast, int8):
+        llm.eos = set()
+    ids = slow.prompt_ids(PROMPT)
+    a, _ = _decode(slow, ids, max_tokens=30)
+    b, _ = _decode(fast, ids, max_tokens=30)
+    assert a.token_ids == b.token_ids
+    c, _ = _decode(int8, ids, max_tokens=30)  # rounded weights: close, not necessarily equal
+    assert len(c.token_ids) == 30 and c.token_ids[:3] == a.token_ids[:3]

@@ -1,0 +1,167 @@
+"""A lean forward pass for Llama-architecture models (SmolLM2, Llama, Mistral without sliding
+window), used by the decode loop in pipelines/llm.py instead of the transformers module.
+
+Why: decoding one token of a small model is a few dozen small matrix-vector products; in the
+transformers module most of each token's time goes to framework work around them (mask building,
+cache objects, hooks, per-call kwargs). Here each layer is ~20 tensor ops on preallocated buffers:
+q/k/v and gate/up projections fused into one matrix each, a static KV cache indexed in place,
+rotary tables computed once. The weights are the model's own (shared, not copied, where they are
+not fused); the math is the same as transformers' LlamaDecoderLayer, which a test checks token for
+token against ``model(...)``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def supports(model) -> bool:
+    """True for the plain Llama architecture this module reimplements exactly."""
+    cfg = model.config
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    return (cfg.model_type in ("llama", "mistral") and getattr(cfg, "hidden_act", "silu") == "silu"
+            and not getattr(cfg, "attention_bias", False) and not getattr(cfg, "mlp_bias", False)
+            and getattr(cfg, "sliding_window", None) is None
+            and rope.get("rope_type", "default") == "default" and getattr(cfg, "pretraining_tp", 1) == 1)
+
+
+REDUCE_RANGE = True  # 7-bit activations: fbgemm's int8 kernels saturate with 8 (garbage text)
+
+
+def int8_linear(w: torch.Tensor):
+    """y = x @ w.T with w stored as int8 per output channel (fbgemm, activations quantised per call).
+
+    Decoding reads every weight once per token, so it is bound by memory traffic: int8 weights
+    move a quarter of float32's bytes. The model ships as a 4-bit GGUF (Q4_1), so an 8-bit
+    per-channel copy of its dequantised weights keeps more precision than the file has.
+    """
+    w = w.detach().float().contiguous()
+    scale = (w.abs().amax(1) / 127).clamp_min(1e-12).double()
+    q = torch.quantize_per_channel(w, scale, torch.zeros(w.shape[0], dtype=torch.long), 0, torch.qint8)
+    packed = torch.ops.quantized.linear_prepack(q, None)
+    op = torch.ops.quantized.linear_dynamic
+    return lambda x: op(x, packed, REDUCE_RANGE)
+
+
+def int8_weight_only_linear(w: torch.Tensor):
+    """y = x @ w.T with w stored as int8 per output channel and activations kept in bfloat16.
+
+    Only the weights are rounded (a quarter of float32's bytes to stream per token). Measured on
+    SmolLM2-135M: the top-1 next token agrees with float32 at 97% of the positions of a text,
+    against 89% for fbgemm's dynamic int8 (which also rounds the activations to 7 bits).
+    """
+    w = w.detach().float()
+    scale = (w.abs().amax(1) / 127).clamp_min(1e-12)
+    q = (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous()
+    s16 = scale.to(torch.bfloat16)
+    mm = torch._weight_int8pack_mm
+    return lambda x: mm(x.to(torch.bfloat16), q, s16).to(x.dtype)
+
+
+def float_linear(w: torch.Tensor):
+    return lambda x: F.linear(x, w)
+
+
+LINEARS = {"float": float_linear, "int8": int8_weight_only_linear, "int8-dynamic": int8_linear}
+
+
+def int8_available() -> bool:
+    return hasattr(torch, "_weight_int8pack_mm")
+
+
+class FastLlama:
+    def __init__(self, model, max_len: int = 512, weights: str = "float") -> None:
+        cfg = model.config
+        inner = model.model
+        self.dtype = inner.embed_tokens.weight.dtype
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv = cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
+        self.eps = cfg.rms_norm_eps
+        self.embed = inner.embed_tokens.weight
+        self.norm = inner.norm.weight
+        lin = LINEARS[weights]
+        self.weights = weights
+        self.lm_head = lin(model.lm_head.weight)
+        self.layers = []
+        for layer in inner.layers:
+            a, m = layer.self_attn, layer.mlp
+            wqkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).contiguous()
+            wgu = torch.cat([m.gate_proj.weight, m.up_proj.weight]).contiguous()
+            self.layers.append((layer.input_layernorm.weight, lin(wqkv), lin(a.o_proj.weight),
+                                layer.post_attention_layernorm.weight, lin(wgu), lin(m.down_proj.weight)))
+        self.q_size = self.n_heads * self.head_dim
+        self.kv_size = self.n_kv * self.head_dim
+        self.ffn = cfg.intermediate_size
+        self.inv_freq = inner.rotary_emb.inv_freq.float()
+        self.rope_scale = float(getattr(inner.rotary_emb, "attention_scaling", 1.0))
+        self.n_layers = len(self.layers)
+        self.max_len = 0
+        self.pos = 0
+        self.ensure(max_len)
+
+    def ensure(self, length: int) -> None:
+        """Room for ``length`` tokens: rotary tables and KV cache grow (by powers of two) on demand,
+        so a short job never allocates the whole window's cache."""
+        if length <= self.max_len:
+            return
+        size = 1 << max(9, (length - 1).bit_length())
+        freqs = torch.outer(torch.arange(size, dtype=torch.float32), self.inv_freq)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self.cos = (emb.cos() * self.rope_scale).to(self.dtype)
+        self.sin = (emb.sin() * self.rope_scale).to(self.dtype)
+        k = torch.zeros(self.n_layers, self.n_kv, size, self.head_dim, dtype=self.dtype)
+        v = torch.zeros_like(k)
+        if self.pos:
+            k[:, :, :self.pos] = self.k[:, :, :self.pos]
+            v[:, :, :self.pos] = self.v[:, :, :self.pos]
+        self.k, self.v, self.max_len = k, v, size
+
+    def _rms(self, x, w):
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return w * xf.to(self.dtype)
+
+    def _rope(self, x, cos, sin):
+        half = x.shape[-1] // 2
+        rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rot * sin
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """Logits of the last position after appending ``ids`` (1-D) at the current position."""
+        t = ids.shape[0]
+        p0, p1 = self.pos, self.pos + t
+        self.ensure(p1)
+        x = F.embedding(ids, self.embed)  # [t, hidden]
+        cos = self.cos[p0:p1].unsqueeze(0)  # [1, t, d], broadcast over heads
+        sin = self.sin[p0:p1].unsqueeze(0)
+        nh, nkv, d = self.n_heads, self.n_kv, self.head_dim
+        causal = t > 1
+        for i, (w_in, wqkv, wo, w_post, wgu, wdown) in enumerate(self.layers):
+            h = self._rms(x, w_in)
+            qkv = wqkv(h)
+            q = qkv[:, :self.q_size].view(t, nh, d).transpose(0, 1)
+            k = qkv[:, self.q_size:self.q_size + self.kv_size].view(t, nkv, d).transpose(0, 1)
+            v = qkv[:, self.q_size + self.kv_size:].view(t, nkv, d).transpose(0, 1)
+            q = self._rope(q, cos, sin)
+            self.k[i, :, p0:p1] = self._rope(k, cos, sin)
+            self.v[i, :, p0:p1] = v
+            kc, vc = self.k[i, :, :p1], self.v[i, :, :p1]
+            if causal and p0 == 0:
+                att = F.scaled_dot_product_attention(q, kc, vc, is_causal=True, enable_gqa=True)
+            elif causal:  # a multi-token append after earlier tokens: explicit mask
+                mask = torch.ones(t, p1, dtype=torch.bool).tril(p0)
+                att = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, enable_gqa=True)
+            else:
+                att = F.scaled_dot_product_attention(q, kc, vc, enable_gqa=True)
+            x = x + wo(att.transpose(0, 1).reshape(t, nh * d))
+            h = self._rms(x, w_post)
+            gu = wgu(h)
+            x = x + wdown(F.silu(gu[:, :self.ffn]) * gu[:, self.ffn:])
+        self.pos = p1
+        return self.lm_head(self._rms(x[-1:], self.norm))[0]
+
+    def reset(self) -> None:
+        self.pos = 0  # old entries beyond pos are never read: attention stops at pos
