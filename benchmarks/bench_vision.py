@@ -1,6 +1,6 @@
 """classify and detect: taskrun against a plain torch loop on the same weights, images and process.
 
-    python benchmarks/bench_vision.py [--n 32] [--rounds 3] [--quick]
+    python benchmarks/bench_vision.py [--n 32] [--rounds 3] [--threads N] [--quick]
 
 Classification: EfficientNet-Lite0. The reference is the loop a user writes from the model's
 README: per image, open it with PIL, resize to 224, scale to [-1, 1], run the float32 model on a
@@ -13,6 +13,7 @@ The top-1 class of every photo under taskrun's default dtype is compared with th
 Detection: MTCNN faces per image (latency, best of the rounds). There is no runnable reference
 (facenet-pytorch's own code needs torchvision), so only taskrun's numbers are given; the boxes
 are checked against the one face facenet-pytorch finds on the astronaut photo.
+MTCNN runs single-threaded inside taskrun whatever --threads says (see pipelines/detect_torch.py).
 Writes benchmarks/results/vision.json.
 """
 
@@ -62,6 +63,8 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=32, help="images per timed pass (the sample photos, repeated)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="16 images, 1 round (a smoke run)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch intra-op threads for every path (default: torch's own choice)")
     args = ap.parse_args()
     if args.quick:
         args.n, args.rounds = 16, 1
@@ -69,6 +72,9 @@ def main() -> None:
     from pipelines.base import configure_threads
     configure_threads()
     import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     from pipelines.classify_torch import imagenet_labels
     from pipelines.resolve import resolve
