@@ -15,10 +15,11 @@ ANNOTATE_SUFFIXES = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".webp": "W
 @dataclass(frozen=True)
 class Options:
     threshold: float = option(0.5, "-t", "--threshold",
-                              help="Keep boxes whose score is at least this (0-1).")
-    annotate: str = option("", "--annotate", metavar="OUT.png",
-                           help="Draw the boxes and labels onto a copy of the image and save it here "
-                                "(several images: one file each, named after the input).")
+                              help="Keep boxes whose score is at least this (0-1). MTCNN's own last "
+                                   "stage already needs 0.7, so lower values change nothing there.")
+    annotate: str | None = option(None, "--annotate", metavar="OUT.png",
+                                  help="Draw the boxes and labels onto a copy of the image and save it "
+                                       "here (several images: one file each, named after the input).")
     landmarks: bool = option(False, "--landmarks",
                              help="Also return the five face landmarks (eyes, nose, mouth corners); "
                                   "face detectors only.")
