@@ -114,6 +114,8 @@ class Metrics:
     encode_s: float = metric("prompt or label conditioning, up to the first denoising step")
     decode_s: float = metric("latents → pixels, from the last denoising step to the images")
     images_per_s: float = metric("images ÷ (encode + denoising loop + decode)")
+    compile_s: float = metric("tracing the denoiser for this batch shape: once per shape per process, "
+                              "from its second job on; 0 otherwise")
     width: int = metric("image width in pixels", 0)
     height: int = metric("image height in pixels", 0)
 

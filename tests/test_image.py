@@ -270,3 +270,29 @@ def test_run_image_label_7_draws_a_seven_and_prompt_maps_to_label(tmp_path):
     r = invoke("a handwritten 7", "--seed", 4, "-n", 4, "-o", tmp_path / "prompt.png", "-q")
     assert r.exit_code == 0, r.output
     assert np.array_equal(np.asarray(Image.open(files[0])), np.asarray(Image.open(tmp_path / "prompt-1.png")))
+
+
+def test_second_job_of_a_shape_traces_the_unet_with_identical_pixels(uncond):
+    pipe = pipeline(uncond)
+    jobs = [run_events(pipe, [], steps=3, seed=9, n=2) for _ in range(3)]
+    compile_s = [j[-1].metrics.compile_s for j in jobs]
+    assert compile_s[0] == 0 and compile_s[1] > 0 and compile_s[2] == 0  # traced once, then reused
+    pixels = [[e for e in j if isinstance(e, ev.Item)][0].result.images[1].pixels for j in jobs]
+    assert np.array_equal(pixels[0], pixels[1]) and np.array_equal(pixels[0], pixels[2])
+
+
+def test_text_to_image_second_job_traces_the_unet_steps_and_pixels_unchanged(sd):
+    pipe = pipeline(sd)
+    jobs, walls = [], []
+    for _ in range(3):
+        t = time.perf_counter()
+        jobs.append(run_events(pipe, text("a red fox"), steps=3, seed=2))
+        walls.append(time.perf_counter() - t)
+    metrics = [j[-1].metrics for j in jobs]
+    assert metrics[0].compile_s == 0 and metrics[1].compile_s > 0 and metrics[2].compile_s == 0
+    for j, m, wall in zip(jobs, metrics, walls):
+        assert [e.step for e in j if isinstance(e, ev.Step)] == [1, 2, 3]
+        assert m.encode_s > 0 and m.encode_s + m.steps * m.s_per_step + m.decode_s + m.compile_s <= wall
+    pixels = [[e for e in j if isinstance(e, ev.Item)][0].result.images[0].pixels for j in jobs]
+    assert np.array_equal(pixels[0], pixels[1]) and np.array_equal(pixels[0], pixels[2])
+    assert "forward" not in pipe.pipe.unet.__dict__  # the override is gone after the job
