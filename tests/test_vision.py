@@ -59,6 +59,31 @@ def test_modes_become_rgb_that_looks_the_same(tmp_path):
     assert abs(load_image(p16).getpixel((0, 0))[0] - 127) <= 1  # scaled, not clipped to white
 
 
+def _png48(path, rgb16):
+    """A 16-bit-per-channel RGB PNG, written by hand (Pillow cannot write one)."""
+    import struct
+    import zlib
+
+    h, w, _ = rgb16.shape
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    rows = b"".join(b"\0" + rgb16[y].astype(">u2").tobytes() for y in range(h))
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 16, 2, 0, 0, 0))
+                     + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+    return path
+
+
+def test_16_bit_colour_keeps_its_colours(tmp_path):
+    rgb = np.zeros((3, 5, 3), dtype=np.uint16)
+    rgb[..., 0], rgb[..., 2] = 65535, 32896  # full red, half blue
+    loaded = load_image(_png48(tmp_path / "deep.png", rgb))
+    assert loaded.mode == "RGB" and loaded.size == (5, 3)
+    r, g, b = loaded.getpixel((2, 1))
+    assert r == 255 and g == 0 and abs(b - 128) <= 1
+
+
 def test_exif_orientation_is_applied(tmp_path):
     img = Image.new("RGB", (60, 20), (0, 0, 255))
     img.paste((255, 0, 0), (0, 0, 10, 20))  # red strip on the left as stored
