@@ -166,7 +166,8 @@ def _common_params(task: Task) -> list[click.Parameter]:
                      help="Run log SQLite file [env TASKRUN_LOG_DB]."),
         click.Option(["-q", "--quiet"], is_flag=True, help="No progress or metrics on stderr."),
     ] + ([click.Option(["--then", "then"], multiple=True, metavar="TASK",
-                       help=f"Hand this job's {task.produces} to another task (e.g. --then summarize); "
+                       help=f"Hand this job's {task.produces} to another task: --then summarize, or "
+                            f"--then summarize=MODEL; "
                             f"each stage is logged and measured separately. Repeatable.")]
          if task.produces else [])
 

@@ -24,7 +24,11 @@ def execute(task: Task, *, inputs, files, values, model, runtime, device, dtype,
     if output:
         _check_output_path(output)
     log = RunLog(log_db)
-    then = [get_task(name) for name in extras.get("then") or ()]
+    then, then_models = [], []
+    for spec in extras.get("then") or ():
+        name, _, next_model = spec.partition("=")  # --then summarize or --then summarize=MODEL
+        then.append(get_task(name))
+        then_models.append(next_model or None)
     for nxt in then:  # a chain is checked before anything loads
         if task.produces is None or task.produces not in nxt.input_kinds:
             raise TaskError(f"{task.name} cannot feed {nxt.name}: {task.name} produces "
@@ -59,12 +63,17 @@ def execute(task: Task, *, inputs, files, values, model, runtime, device, dtype,
         handoff = [Input(source=f"{prev.task} of {it.source}", kind=nxt.input_kinds[0],
                          text=prev_task.handoff(it.result))
                    for prev_task in [get_task(prev.task)] for it in sorted(prev.items, key=lambda x: x.index)]
+        empty = [h.source for h in handoff if not (h.text or "").strip()]
+        if empty:
+            raise TaskError(f"{prev.task} produced no text to hand to {nxt.name} ({', '.join(empty)}); "
+                            f"nothing to {nxt.name}")
         printer = EventPrinter(nxt, None, json_mode=json_mode, quiet=quiet)
         opts = options_from(nxt, {})
         printer.options = opts
         if not quiet and not json_mode:
             click.secho(f"\n── {nxt.name} ──", err=True, bold=True)
-        rec_n = run_job(nxt, lambda h=handoff: h, opts, device=device, dtype=dtype, offline=offline,
+        rec_n = run_job(nxt, lambda h=handoff: h, opts, model=then_models[i - 1], device=device, dtype=dtype,
+                        offline=offline,
                         log=log, on_event=printer, chain_id=chain_id, stage=i)
         printer.close()
         _emit(nxt, rec_n, None, None, json_mode, quiet)
