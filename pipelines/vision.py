@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator
 
 from tasks import events as ev
+from tasks.base import TaskError
 from tasks.images import load_images
 
 # process(batch of (index, RGB image)) → yields (index, result) or ev.ItemError
@@ -43,18 +44,30 @@ def run_batches(inputs: list, batch_size: int, process: Process, stats: dict,
             if k + 1 < len(starts):
                 pending = pool.submit(load, starts[k + 1])
             yield from bad
-            if good:
-                for out in process(good):
-                    if isinstance(out, ev.ItemError):
-                        yield out
-                    else:
-                        index, result = out
-                        ok += 1
-                        yield ev.Item(index, inputs[index].describe(), result)
+            for out in _guarded(process, good, inputs) if good else ():
+                if isinstance(out, ev.ItemError):
+                    yield out
+                else:
+                    index, result = out
+                    ok += 1
+                    yield ev.Item(index, inputs[index].describe(), result)
             done = min(start + batch_size, total)
             yield ev.Progress(done, total, "images")
     stats["items"] = ok
     stats["seconds"] = time.perf_counter() - t0
+
+
+def _guarded(process: Process, good: list, inputs: list) -> list:
+    """process(good), but a batch that fails is retried one image at a time, so one image the
+    model or its processor cannot take fails alone (as an ItemError) and the others finish."""
+    try:
+        return list(process(good))
+    except Exception as exc:
+        if len(good) == 1:
+            index = good[0][0]
+            message = str(exc) if isinstance(exc, TaskError) else f"{type(exc).__name__}: {exc}"
+            return [ev.ItemError(index, inputs[index].describe(), message)]
+    return [out for item in good for out in _guarded(process, [item], inputs)]
 
 
 def rate_metrics(Metrics: type, stats: dict) -> Any:
@@ -89,7 +102,6 @@ def annotate_item(index: int, image: Any, result: Any, options: Any, several: bo
     a failed write fails that item only."""
     if not options.annotate:
         return index, result
-    from tasks.base import TaskError
     from tasks.detect import annotate, annotation_path
 
     source = inputs[index].describe()

@@ -170,6 +170,25 @@ def test_pipeline_reports_progress_per_batch(tiny_dir, pics):
     assert isinstance(events[-1], ev.Done) and events[-1].metrics.items == 3
 
 
+def test_a_batch_that_fails_is_retried_one_image_at_a_time(pics):
+    from pipelines.vision import run_batches
+    from tasks import events as ev
+
+    def process(batch):
+        if any(i == 1 for i, _ in batch):
+            raise ValueError("cannot take image 1")
+        for i, _ in batch:
+            yield i, "ok"
+
+    inputs = [Input(source=str(p), kind="image", path=str(p)) for p in pics]
+    stats: dict = {}
+    events = list(run_batches(inputs, 3, process, stats))
+    assert [e.index for e in events if isinstance(e, ev.Item)] == [0, 2]
+    errors = [e for e in events if isinstance(e, ev.ItemError)]
+    assert len(errors) == 1 and errors[0].index == 1 and errors[0].message == "ValueError: cannot take image 1"
+    assert stats["items"] == 2
+
+
 def test_an_image_model_refuses_text(tiny_dir, pics):
     r = invoke("classify", "some words", "-m", build_vit(tiny_dir))
     assert r.exit_code != 0 and "is text" in r.output
