@@ -3,6 +3,7 @@ batches with per-image failures, progress, timing, and a few tensor helpers."""
 
 from __future__ import annotations
 
+import os
 import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator
@@ -64,6 +65,8 @@ def _guarded(process: Process, good: list, inputs: list) -> list:
         return list(process(good))
     except Exception as exc:
         if len(good) == 1:
+            if os.environ.get("TASKRUN_DEBUG", "") not in ("", "0"):
+                raise  # the traceback, for whoever is debugging the model or this code
             index = good[0][0]
             message = str(exc) if isinstance(exc, TaskError) else f"{type(exc).__name__}: {exc}"
             return [ev.ItemError(index, inputs[index].describe(), message)]
