@@ -238,7 +238,10 @@ def _is_path(arg: str) -> bool:
 
 def _path_inputs(task: Task, p: Path, from_file_option: bool = False) -> list[Input]:
     if p.is_dir():
-        return [file_input(f) for f in expand_folder(p, task.input_kinds)]
+        # A folder given to a task that takes files (images, audio) means those files: notes
+        # or READMEs beside the photos are not inputs.
+        kinds = tuple(k for k in task.input_kinds if k != "text") or task.input_kinds
+        return [file_input(f) for f in expand_folder(p, kinds)]
     inp = file_input(p)
     if inp.kind == "text" and "text" in task.input_kinds and task.text_file == "lines":
         return lines_of(p)

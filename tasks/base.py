@@ -235,7 +235,7 @@ def metric(scope: str, default: Any = 0.0) -> Any:
 def check_model_serves(task: Task, card: ModelCard) -> None:
     if task.name in card.tasks:
         return
-    what = f"a {card.kind} model" if card.kind else f"a {card.architecture} model"
+    what = f"{_a(card.kind)} model" if card.kind else f"{_a(card.architecture)} model"
     serves = f" (it serves: {', '.join(card.tasks)})" if card.tasks else ""
     need = task.model_kinds or f"a model that serves {task.name}"
     raise TaskError(f"`{card.name}` is {what}{serves}; {task.name} needs {need}. "
