@@ -74,15 +74,26 @@ def probe(path: str | Path) -> AudioInfo:
 
 
 def _read_error(p: Path, exc: Exception) -> TaskError:
-    head = p.read_bytes()[:12]
+    head = p.read_bytes()[:64]
     msg = str(exc).split(":", 1)[-1].strip() or type(exc).__name__
-    if head[:3] == b"ID3" or head[:2] in (b"\xff\xfb", b"\xff\xf3"):
-        return TaskError(f"{p} is MP3, which this soundfile build cannot read; convert it: "
-                         f"`ffmpeg -i {p.name} {p.stem}.wav` (wav, flac and ogg are read)")
-    if head[:4] in (b"RIFF", b"fLaC", b"OggS", b"FORM", b".snd"):
+    rate = _wav_header_rate(head)
+    if rate == 0:
+        return TaskError(f"{p} declares a sample rate of 0 Hz; the header is broken. Re-export the file "
+                         f"(e.g. `sox -r 16000 -e signed -b 16 -c 1 -t raw <data> out.wav` if you know the rate)")
+    if head[:4] in (b"RIFF", b"fLaC", b"OggS", b"FORM", b".snd", b"ID3") or head[:2] in (b"\xff\xfb", b"\xff\xf3"):
         return TaskError(f"{p} looks like audio but cannot be decoded ({msg}); the file is corrupt or "
                          f"truncated, or its codec is unsupported: re-export it as wav, flac or ogg")
-    return TaskError(f"{p} is not an audio file taskrun can read ({msg}); give wav, flac or ogg")
+    return TaskError(f"{p} is not an audio file taskrun can read ({msg}); give wav, flac, ogg or mp3")
+
+
+def _wav_header_rate(head: bytes) -> int | None:
+    """The sample rate field of a canonical WAV header, read by hand: libsndfile refuses a file
+    whose rate is 0 with a message that does not say so."""
+    import struct
+
+    if head[:4] == b"RIFF" and head[8:12] == b"WAVE" and head[12:16] == b"fmt " and len(head) >= 28:
+        return struct.unpack_from("<I", head, 24)[0]
+    return None
 
 
 def read_blocks(path: str | Path, sr: int, block_s: float = BLOCK_S) -> Iterator[np.ndarray]:
@@ -111,8 +122,9 @@ def read_blocks(path: str | Path, sr: int, block_s: float = BLOCK_S) -> Iterator
     except TaskError:
         raise
     except Exception as exc:  # a decode failure part-way through: a truncated or damaged file
-        raise TaskError(f"{path} could not be decoded after {got / info.samplerate:.1f} s ({exc}); "
-                        f"the file is corrupt or truncated: re-export it") from None
+        where = f" after {got / info.samplerate:.1f} s" if got else ""
+        raise TaskError(f"{path} could not be decoded{where} ({exc}); the file is corrupt or "
+                        f"truncated: re-export it") from None
 
 
 def read_audio(path: str | Path, sr: int) -> np.ndarray:
@@ -122,7 +134,8 @@ def read_audio(path: str | Path, sr: int) -> np.ndarray:
 
 
 def quietest_cut(x: np.ndarray, lo: int, hi: int, sr: int) -> int:
-    """The sample in [lo, hi) at the centre of the quietest ``QUIET_WINDOW_S`` stretch."""
+    """A sample in [lo, hi) in the middle of the longest quietest stretch: the middle of a pause
+    keeps the pause's edges (a word's first and last sounds) with their words."""
     frame = max(1, int(FRAME_S * sr))
     seg = x[lo:hi]
     n = len(seg) // frame
@@ -131,8 +144,15 @@ def quietest_cut(x: np.ndarray, lo: int, hi: int, sr: int) -> int:
     energy = (seg[: n * frame].reshape(n, frame) ** 2).mean(axis=1)
     k = max(1, int(QUIET_WINDOW_S / FRAME_S))
     smooth = np.convolve(energy, np.ones(k) / k, mode="same") if n >= k else energy
-    # Ties (digital silence) go to the latest frame: chunks stay as long as allowed.
-    best = n - 1 - int(np.argmin(smooth[::-1]))
+    quiet = smooth <= smooth.min() * 2 + 1e-10  # within 3 dB of the quietest frame
+    best, run_start, best_len = n - 1, None, 0
+    for i, q in enumerate(np.append(quiet, False)):
+        if q and run_start is None:
+            run_start = i
+        elif not q and run_start is not None:
+            if i - run_start >= best_len:  # ties go to the later run: chunks stay long
+                best, best_len = (run_start + i - 1) // 2, i - run_start
+            run_start = None
     return lo + best * frame + frame // 2
 
 
@@ -172,5 +192,6 @@ def speech_spans(x: np.ndarray, sr: int) -> list[tuple[int, int]]:
 
     if sr != 16000:
         raise ValueError("Silero VAD expects 16 kHz audio")
-    opts = vad.VadOptions(min_silence_duration_ms=500, speech_pad_ms=200, min_speech_duration_ms=150)
+    # 400 ms of padding as faster-whisper uses: a tighter cut clips the first sound of a word.
+    opts = vad.VadOptions(min_silence_duration_ms=500, speech_pad_ms=400, min_speech_duration_ms=150)
     return [(int(s["start"]), int(s["end"])) for s in vad.get_speech_timestamps(x, opts, sampling_rate=sr)]

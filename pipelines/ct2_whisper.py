@@ -217,7 +217,18 @@ def convert(src: str | Path, dst: str | Path) -> Path:
     if isinstance(lang_ids, str):
         lang_ids = json.loads(lang_ids)
     save_whisper_folder(model, src / "tokenizer.json", dst, ct2_config.get("alignment_heads"), lang_ids)
+    limit = _source_max_length(src)
+    if limit:  # keep a generation limit that the source folder carries
+        model.generation_config.max_length = limit
+        model.generation_config.save_pretrained(dst)
     return dst
+
+
+def _source_max_length(src: Path) -> int | None:
+    try:
+        return json.loads((src / "generation_config.json").read_text()).get("max_length")
+    except (OSError, ValueError):
+        return None
 
 
 def converted_folder(card: ModelCard, root: Path) -> Path:

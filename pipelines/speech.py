@@ -104,7 +104,7 @@ class SpeechPipeline(Pipeline):
                 infos[i] = self._probe(inp)
             except TaskError as exc:
                 sw.pause()
-                yield ev.ItemError(i, inp.source, str(exc))
+                yield self._failed(inputs, i, exc)
                 sw.resume()
         total_s = sum(info.duration_s for info in infos.values())
         done_s = 0.0
@@ -128,7 +128,7 @@ class SpeechPipeline(Pipeline):
                     sw.resume()
             except TaskError as exc:
                 sw.pause()
-                yield ev.ItemError(i, inp.source, str(exc))
+                yield self._failed(inputs, i, exc)
                 sw.resume()
                 continue
             done_s += info.duration_s
@@ -147,6 +147,16 @@ class SpeechPipeline(Pipeline):
         yield ev.Done(Metrics(audio_s=round(a, 3), rtf=proc / a if a else 0.0, chunks=totals["chunks"],
                               words=totals["words"], speech_s=None if speech is None else round(speech, 3),
                               rtf_speech=(proc / speech if speech else None) if options.vad else None))
+
+    @staticmethod
+    def _failed(inputs, i: int, exc: TaskError) -> ev.ItemError:
+        """One bad file: the job's error when it is the only one, else an ItemError and the rest go on."""
+        if len(inputs) == 1:
+            raise exc
+        msg, path = str(exc), inputs[i].path or ""
+        if path and msg.startswith(path):  # the printer already names the file
+            msg = msg[len(path):].lstrip(" :")
+        return ev.ItemError(i, inputs[i].source, msg)
 
     def _probe(self, inp) -> audio.AudioInfo:
         if not inp.path:

@@ -7,6 +7,7 @@ both runtimes see the same chunks; faster-whisper decodes each chunk of at most 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 # CTranslate2's OpenMP threads spin while idle by default; on a shared machine that steals the
 # cores they are waiting for. Set before faster_whisper loads ctranslate2.
@@ -55,19 +56,30 @@ def compute_type(dtype: str, device: str, settings: dict) -> str:
     return dtype
 
 
+def generation_limit(folder) -> int | None:
+    """New tokens per window when the folder's generation_config.json caps them below Whisper's
+    448 (a converted folder may carry one); None keeps faster-whisper's limit."""
+    import json
+
+    try:
+        limit = json.loads((folder / "generation_config.json").read_text()).get("max_length")
+    except (OSError, ValueError):
+        return None
+    return max(1, int(limit) - 4) if limit and int(limit) < 448 else None  # 4: the prompt tokens
+
+
 class Pipeline(SpeechPipeline):
     runtime = "ctranslate2"
 
     def __init__(self, card, device="auto", dtype="auto"):
         super().__init__(card, device, dtype)
-        from pathlib import Path
-
         if not (Path(card.path) / "model.bin").exists():
             raise TaskError(f"`{card.name}` is not a CTranslate2 folder (no model.bin); "
                             f"run it with --runtime transformers")
         self.device = ct2_device(device)
         self.dtype = compute_type(dtype, self.device, card.extra)
         self.model = cached_model(card, self.runtime, self.device, self.dtype, "whisper", self._load)
+        self.max_new_tokens = generation_limit(Path(card.path))
 
     def _load(self):
         from faster_whisper import WhisperModel
@@ -106,7 +118,7 @@ class Pipeline(SpeechPipeline):
             samples, language=language, task=options.task, beam_size=options.beam_size,
             vad_filter=False,  # taskrun's own VAD already trimmed this chunk
             word_timestamps=options.word_timestamps, without_timestamps=False,
-            condition_on_previous_text=True)
+            condition_on_previous_text=True, max_new_tokens=self.max_new_tokens)
         if state.language is None:  # detected once per file, then kept for every chunk
             state.language = info.language
         for s in segments:

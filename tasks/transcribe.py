@@ -105,14 +105,19 @@ def _timeline(items: list[Transcript]) -> list[Segment]:
     return out
 
 
+def _cue_text(text: str) -> str:
+    """A cue's text: "-->" would read as a timing line, and a blank line would end the cue."""
+    return " ".join(text.replace("-->", "->").split())
+
+
 def to_srt(items: list[Transcript]) -> str:
-    blocks = [f"{i}\n{clock(s.start)} --> {clock(s.end)}\n{s.text}\n"
+    blocks = [f"{i}\n{clock(s.start)} --> {clock(s.end)}\n{_cue_text(s.text)}\n"
               for i, s in enumerate(_timeline(items), 1)]
     return "\n".join(blocks)
 
 
 def to_vtt(items: list[Transcript]) -> str:
-    blocks = [f"{clock(s.start, '.')} --> {clock(s.end, '.')}\n{s.text.replace('-->', '->')}\n"
+    blocks = [f"{clock(s.start, '.')} --> {clock(s.end, '.')}\n{_cue_text(s.text)}\n"
               for s in _timeline(items)]
     return "WEBVTT\n\n" + "\n".join(blocks)
 
@@ -123,7 +128,24 @@ def to_txt(items: list[Transcript]) -> str:
     return "\n".join(f"# {tr.source}\n{tr.text}\n" for tr in items)
 
 
+# Containers that sniff as "binary" but are audio that libsndfile does not decode.
+_OTHER_AUDIO = [(b"ftyp", 4, "MP4/M4A (AAC)"), (b"\x1aE\xdf\xa3", 0, "WebM/Matroska"),
+                (b"#!AMR", 0, "AMR"), (b"0&\xb2u", 0, "WMA/ASF")]
+
+
 class TranscribeTask(Task):
+    def check_input(self, inp) -> None:
+        if inp.kind == "binary" and inp.path:
+            with open(inp.path, "rb") as f:
+                head = f.read(16)
+            for magic, at, name in _OTHER_AUDIO:
+                if head[at:at + len(magic)] == magic:
+                    stem = Path(inp.path).stem
+                    raise TaskError(f"{inp.path} is {name} audio, which taskrun cannot decode; convert it: "
+                                    f"`ffmpeg -i {Path(inp.path).name} -ar 16000 -ac 1 {stem}.wav` "
+                                    f"(wav, flac, ogg and mp3 are read)")
+        super().check_input(inp)
+
     def render_partial(self, seg: Segment, options) -> str:
         return f"[{clock(seg.start, '.', False)} → {clock(seg.end, '.', False)}] {seg.text}"
 
@@ -153,7 +175,7 @@ class TranscribeTask(Task):
 TASK = TranscribeTask(
     name="transcribe",
     summary="Turn speech recordings into text with timestamps (long files are chunked).",
-    takes="audio files (wav, flac, ogg; any sample rate and channel count) or folders of them",
+    takes="audio files (wav, flac, ogg, mp3; any sample rate and channel count) or folders of them",
     returns="a transcript per file with timed segments; --format txt|json|srt|vtt, -o FILE",
     Options=Options, Result=Result, Metrics=Metrics,
     input_kinds=("audio",),

@@ -1,0 +1,410 @@
+"""transcribe: audio reading and chunking, timestamps, formats, bad input, both runtimes on a tiny
+random Whisper; the real tiny.en on both runtimes for accuracy (marked real)."""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+from click.testing import CliRunner
+
+from pipelines import audio
+from pipelines.speech import Piece, place
+from pipelines.transcribe_transformers import ctc_segments, whisper_segments
+from runner.cli import main
+from tasks.base import TaskError, make_options
+from tasks.transcribe import Options, Segment, Transcript, clock, to_srt, to_txt, to_vtt
+from tests.tiny.whisper import SAMPLES, build, build_ct2, clip
+
+SR = 16000
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, ["transcribe", *map(str, args)])
+
+
+def job(*args) -> dict:
+    r = invoke(*args, "--json", "-q")
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def bursts(seconds: float, sr: int = SR, period: float = 3.0, gap: float = 0.6) -> np.ndarray:
+    """A tone that sounds for ``period - gap`` s then pauses for ``gap`` s, repeatedly."""
+    t = np.arange(int(seconds * sr)) / sr
+    on = (t % period) < (period - gap)
+    return (0.3 * np.sin(2 * np.pi * 220 * t) * on).astype(np.float32)
+
+
+# --------------------------------------------------------------------------- reading audio
+
+
+def test_chunks_tile_the_audio_exactly_and_cut_in_pauses():
+    x = bursts(95.0)
+    blocks = (x[i:i + 7 * SR] for i in range(0, len(x), 7 * SR))  # block edges unrelated to chunks
+    chunks = list(audio.chunked(blocks, SR, 30.0, 8.0))
+    assert len(chunks) == 4
+    pos = 0
+    for c in chunks:
+        assert c.start == pos and len(c.samples) <= 30 * SR
+        pos += len(c.samples)
+    assert pos == len(x)
+    assert np.array_equal(np.concatenate([c.samples for c in chunks]), x)  # nothing lost or doubled
+    for c in chunks[:-1]:  # every cut falls inside a pause, not in a sound
+        assert len(c.samples) >= 22 * SR
+        end = c.start + len(c.samples)
+        assert np.abs(x[end - 800:end + 800]).max() == 0
+
+
+def test_resampled_and_mixed_to_mono_with_a_real_resampler(tmp_path):
+    sr = 44100
+    t = np.arange(int(2.5 * sr)) / sr
+    tone = 0.4 * np.sin(2 * np.pi * 440 * t)
+    stereo = np.stack([tone, -tone + 0.2 * np.sin(2 * np.pi * 1000 * t)], axis=1)
+    path = tmp_path / "a.flac"
+    sf.write(path, stereo, sr)
+    y = audio.read_audio(path, SR)
+    assert abs(len(y) - 2.5 * SR) <= 2 and y.dtype == np.float32
+    spectrum = np.abs(np.fft.rfft(y[SR // 2: SR // 2 + SR]))  # 1 s → 1 Hz bins
+    assert abs(int(np.argmax(spectrum)) - 1000) <= 1  # the 440 Hz tone cancelled in the mix
+    assert np.abs(y[SR // 2:-SR // 2]).max() == pytest.approx(0.1, abs=0.01)
+
+
+def test_ogg_any_rate_and_blocks_stay_bounded(tmp_path):
+    sr = 22050
+    path = tmp_path / "a.ogg"
+    sf.write(path, np.stack([bursts(25.0, sr)] * 3, axis=1), sr, format="OGG")
+    sizes = [len(b) for b in audio.read_blocks(path, SR)]
+    assert max(sizes) <= audio.BLOCK_S * SR + 64
+    assert abs(sum(sizes) - 25 * SR) < SR // 100
+
+
+def test_level_gate_and_vad_find_no_speech_in_silence_or_noise():
+    assert audio.is_silent(np.zeros(SR, np.float32))
+    assert not audio.is_silent(bursts(2.0))
+    noise = (np.random.default_rng(0).standard_normal(5 * SR) * 0.003).astype(np.float32)
+    assert audio.speech_spans(noise, SR) == []
+
+
+def test_speech_is_found_by_vad():
+    x = audio.read_audio(SAMPLES / "meeting.wav", SR)[: 13 * SR]
+    spans = audio.speech_spans(x, SR)
+    assert spans and spans[0][0] < 1.2 * SR and spans[-1][1] > 12.0 * SR
+
+
+# --------------------------------------------------------------------------- timestamps
+
+
+def test_pieces_land_on_the_file_timeline_clamped_and_in_order():
+    pieces = [Piece(0.0, 2.0, " a"), Piece(1.5, 40.0, " b"), Piece(3.0, None, " c"), Piece(1.0, 1.0, "  ")]
+    segs = list(place(pieces, offset_s=60.0, end_s=85.0, floor_s=59.0))
+    assert [(s.start, s.end, s.text) for s in segs] == [(60.0, 62.0, "a"), (62.0, 85.0, "b"), (85.0, 85.0, "c")]
+
+
+def test_whisper_tokens_become_segments():
+    begin, eot = 50363, 50256
+    ts = lambda s: begin + int(round(s / 0.02))  # noqa: E731
+    ids = [ts(0.0), 11, 12, ts(2.4), ts(2.4), 13, ts(5.0), ts(6.0), 14, 15, eot]
+    pieces = whisper_segments(ids, begin, eot, lambda t: " ".join(map(str, t)))
+    assert [(p.start, p.end, p.text) for p in pieces] == [(0.0, 2.4, "11 12"), (2.4, 5.0, "13"), (6.0, None, "14 15")]
+
+
+def test_ctc_words_split_at_pauses():
+    words = [{"word": "a", "start_offset": 0, "end_offset": 10}, {"word": "b", "start_offset": 12, "end_offset": 20},
+             {"word": "c", "start_offset": 100, "end_offset": 110}]
+    pieces = ctc_segments(words, 0.02)
+    assert [(p.start, p.end, p.text) for p in pieces] == [(0.0, 0.4, "a b"), (2.0, 2.2, "c")]
+
+
+# --------------------------------------------------------------------------- formats
+
+
+def transcripts() -> list[Transcript]:
+    a = Transcript("a.wav", "Hello there. Bye -->", "en", 3700.0,
+                   [Segment(0.5, 2.25, "Hello there."), Segment(3661.5, 3662.0, "Bye -->")])
+    b = Transcript("b.wav", "Second.", "en", 4.0, [Segment(1.0, 2.0, "Second.")])
+    return [a, b]
+
+
+def test_clock_formats():
+    assert clock(3661.5) == "01:01:01,500"
+    assert clock(2.0004, ".") == "00:00:02.000"
+    assert clock(65.25, ".", False) == "01:05.250"
+
+
+def test_srt_and_vtt_parse_with_subtitle_libraries(tmp_path):
+    import pysrt
+    import webvtt
+
+    items = transcripts()
+    subs = pysrt.from_string(to_srt(items))
+    assert [s.text for s in subs] == ["Hello there.", "Bye ->", "Second."]
+    assert subs[2].start.ordinal == 3701_000  # the second file follows the first on one timeline
+    (tmp_path / "a.vtt").write_text(to_vtt(items))
+    cues = webvtt.read(str(tmp_path / "a.vtt"))
+    assert [c.text for c in cues] == ["Hello there.", "Bye ->", "Second."]
+    assert cues[0].start == "00:00:00.500" and cues[0].end == "00:00:02.250"
+    assert to_txt(items[:1]) == "Hello there. Bye -->\n"
+
+
+def test_options_are_validated():
+    for bad in ({"chunk_s": 45}, {"chunk_s": 0.5}, {"language": "English"}, {"beam_size": 0},
+                {"task": "summarise"}):
+        with pytest.raises(TaskError):
+            make_options(Options, bad)
+    with pytest.raises(TaskError, match="30"):
+        make_options(Options, {"chunk_s": 60})
+
+
+# --------------------------------------------------------------------------- tiny models, CLI
+
+
+@pytest.fixture(scope="module")
+def speech(tiny_dir):
+    return clip(tiny_dir)
+
+
+def test_tiny_transformers_streams_segments_and_writes_srt(tiny_dir, speech, tmp_path):
+    model = build(tiny_dir)
+    r = invoke(speech, "--model", model, "--runtime", "transformers")
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "x.srt"
+    r = invoke(speech, "--model", model, "--runtime", "transformers", "-o", out, "-q")
+    assert r.exit_code == 0, r.output
+    import pysrt
+
+    pysrt.open(str(out))  # a random model's text, but a well-formed file
+
+
+def test_tiny_ctranslate2_runs_and_timestamps_stay_in_the_audio(tiny_dir, speech):
+    out = job(speech, "--model", build_ct2(tiny_dir), "--beam-size", "1")
+    assert out["runtime"] == "ctranslate2"
+    item = out["items"][0]["result"]
+    assert item["audio_s"] == pytest.approx(3.4, abs=0.01)
+    ends = [0.0] + [s["end"] for s in item["segments"]]
+    for s in item["segments"]:
+        assert 0 <= s["start"] <= s["end"] <= item["audio_s"]
+    assert ends == sorted(ends)
+    m = out["metrics"]
+    assert m["chunks"] == 1 and m["audio_s"] == pytest.approx(3.4, abs=0.01) and m["rtf"] > 0
+    assert 0 < m["speech_s"] <= m["audio_s"] and m["rtf_speech"] >= m["rtf"]
+
+
+def test_long_audio_is_chunked_with_timestamps_across_seams(tiny_dir, tmp_path):
+    x = audio.read_audio(SAMPLES / "meeting.wav", SR)
+    path = tmp_path / "long.wav"
+    sf.write(path, np.concatenate([x, x]), SR, subtype="PCM_16")  # 122 s
+    out = job(path, "--model", build_ct2(tiny_dir), "--beam-size", "1", "--no-vad")
+    res = out["items"][0]["result"]
+    assert res["audio_s"] == pytest.approx(2 * len(x) / SR, abs=0.01)
+    assert out["metrics"]["chunks"] >= 5 and out["metrics"]["speech_s"] is None
+    segs = res["segments"]
+    assert segs[-1]["start"] > 90  # later chunks keep their offset
+    starts = [s["start"] for s in segs]
+    assert starts == sorted(starts) and all(s["end"] <= res["audio_s"] for s in segs)
+
+
+def test_whisper_folder_from_ct2_round_trips_exactly(tiny_dir, tmp_path):
+    import torch
+    from transformers import WhisperForConditionalGeneration
+
+    from pipelines.ct2_whisper import convert
+
+    back = convert(build_ct2(tiny_dir), tmp_path / "hf")
+    a = WhisperForConditionalGeneration.from_pretrained(build(tiny_dir)).state_dict()
+    b = WhisperForConditionalGeneration.from_pretrained(back).state_dict()
+    assert set(a) == set(b)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_ct2_folder_converts_once_into_the_cache(tiny_dir, speech, session_cache):
+    model = build_ct2(tiny_dir)
+    out = job(speech, "--model", model, "--runtime", "transformers", "--beam-size", "1")
+    assert out["runtime"] == "transformers"
+    folders = list((session_cache / "converted").glob("whisper-*/.complete"))
+    assert folders
+    stamp = {f: f.stat().st_mtime_ns for f in folders}
+    job(speech, "--model", model, "--runtime", "transformers", "--beam-size", "1")
+    assert {f: f.stat().st_mtime_ns for f in folders} == stamp
+
+
+def test_options_the_model_cannot_honour_are_refused(tiny_dir, speech):
+    r = invoke(speech, "--model", build(tiny_dir), "--runtime", "transformers", "--language", "de")
+    assert r.exit_code != 0 and "English-only" in r.output
+    r = invoke(speech, "--model", build(tiny_dir), "--runtime", "transformers", "--word-timestamps")
+    assert r.exit_code != 0 and "ctranslate2" in r.output
+    r = invoke(speech, "--model", build_ct2(tiny_dir), "--task", "translate")
+    assert r.exit_code != 0 and "translate" in r.output
+
+
+def test_a_tiny_ctc_model_transcribes(tiny_dir, speech):
+    from tests.tiny.ctc import build_ctc
+
+    out = job(speech, "--model", build_ctc(tiny_dir))
+    assert out["runtime"] == "transformers" and out["items"][0]["result"]["audio_s"] == pytest.approx(3.4, abs=0.01)
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def bad_files(d: Path) -> dict[str, Path]:
+    good = (SAMPLES / "meeting.wav").read_bytes()
+    files = {"empty": b"", "text": b"hello, not audio\n" * 20, "binary": bytes(range(256)) * 8,
+             "truncated_flac": None, "rate0": None, "m4a": b"\x00\x00\x00\x20ftypM4A " + bytes(2000),
+             "corrupt_wav": b"RIFF" + b"\x00" * 4 + b"WAVE" + b"\xff" * 2000}
+    out = {}
+    for name, data in files.items():
+        p = d / f"{name}.wav"
+        if name == "truncated_flac":
+            p = d / "t.flac"
+            sf.write(p, np.frombuffer(good[44:44 + 10 * SR * 2], np.int16), SR)
+            p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+        elif name == "rate0":
+            h = bytearray(good[:44 + 2 * SR])
+            struct.pack_into("<II", h, 24, 0, 0)
+            p.write_bytes(bytes(h))
+        else:
+            p.write_bytes(data)
+        out[name] = p
+    sf.write(d / "zero.wav", np.zeros(0, np.int16), SR, subtype="PCM_16")
+    out["zero"] = d / "zero.wav"
+    return out
+
+
+@pytest.mark.parametrize("name,message", [
+    ("empty", "empty"), ("text", "text file"), ("binary", "not text, an image or audio"),
+    ("truncated_flac", "corrupt or truncated"), ("rate0", "sample rate of 0"), ("m4a", "ffmpeg"),
+    ("corrupt_wav", "cannot be decoded"), ("zero", "no audio samples"),
+])
+def test_bad_input_is_a_one_line_error(name, message, tmp_path, tiny_dir):
+    path = bad_files(tmp_path)[name]
+    r = invoke(path, "--model", build_ct2(tiny_dir), "-q")
+    assert r.exit_code != 0
+    assert message in r.output and "Traceback" not in r.output and "internal error" not in r.output
+
+
+def test_a_bad_file_in_a_batch_does_not_stop_the_others(tmp_path, tiny_dir, speech):
+    files = bad_files(tmp_path)
+    r = invoke(files["rate0"], speech, "--model", build_ct2(tiny_dir), "--beam-size", "1", "-q")
+    assert r.exit_code == 1
+    assert "rate0.wav: declares a sample rate of 0" in r.output and "1 of 2 inputs failed" in r.output
+
+
+@pytest.mark.parametrize("vad", ["--vad", "--no-vad"])
+def test_silence_gives_an_empty_transcript(tmp_path, tiny_dir, vad):
+    path = tmp_path / "silence.wav"
+    sf.write(path, np.zeros(5 * SR, np.int16), SR, subtype="PCM_16")
+    out = job(path, "--model", build_ct2(tiny_dir), vad)
+    res = out["items"][0]["result"]
+    assert res["text"] == "" and res["segments"] == [] and out["metrics"]["chunks"] == 0
+    assert out["metrics"]["words"] == 0
+
+
+def test_handoff_is_the_transcript_text():
+    from tasks.transcribe import TASK
+
+    assert TASK.produces == "text" and TASK.handoff(transcripts()[1]) == "Second."
+
+
+# --------------------------------------------------------------------------- real tiny.en
+
+
+def words_of(text: str) -> list[str]:
+    """Lowercase words without punctuation; numerals as words and Mr. as mister, as the
+    LibriVox and CMU references spell them."""
+    nums = {"0": "zero", "1": "one", "2": "two", "3": "three", "4": "four", "5": "five", "6": "six",
+            "7": "seven", "8": "eight", "9": "nine", "10": "ten"}
+    text = text.lower().replace("mr.", "mister").replace("-", " ")
+    return [nums.get(w, w) for w in re.findall(r"[a-z0-9']+", text)]
+
+
+def wer(ref: str, hyp: str) -> float:
+    """Word error rate: (substitutions + deletions + insertions) ÷ reference words."""
+    r, h = words_of(ref), words_of(hyp)
+    d = list(range(len(h) + 1))
+    for i in range(1, len(r) + 1):
+        prev, d[0] = d[0], i
+        for j in range(1, len(h) + 1):
+            prev, d[j] = d[j], min(d[j] + 1, d[j - 1] + 1, prev + (r[i - 1] != h[j - 1]))
+    return d[len(h)] / max(1, len(r))
+
+
+def test_wer_function():
+    assert wer("he was not an ill disposed young man", "He was not an ill-disposed young man.") == 0
+    assert wer("a b c d", "a x c") == 0.5
+
+
+def utterances() -> list[tuple[float, float, str, str]]:
+    rows = (SAMPLES / "meeting.tsv").read_text().splitlines()[1:]
+    return [(float(a), float(b), src, text) for a, b, src, text in (r.split("\t") for r in rows)]
+
+
+@pytest.fixture(scope="module")
+def librivox(tmp_path_factory):
+    """The five LibriVox sentences as separate files, cut from samples/meeting.wav."""
+    d = tmp_path_factory.mktemp("librivox")
+    x, sr = sf.read(SAMPLES / "meeting.wav", dtype="int16")
+    out = []
+    for i, (a, b, src, text) in enumerate(u for u in utterances() if "librivox" in u[2]):
+        p = d / f"{i}.wav"
+        sf.write(p, x[int((a - 0.3) * sr):int((b + 0.3) * sr)], sr, subtype="PCM_16")
+        out.append((p, text))
+    return out
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("runtime", ["ctranslate2", "transformers"])
+def test_real_tiny_en_word_error_rate_on_librivox(runtime, librivox):
+    out = job(*[p for p, _ in librivox], "--runtime", runtime)
+    assert out["model"]["name"] == "whisper-tiny.en" and out["runtime"] == runtime
+    hyp = " ".join(it["result"]["text"] for it in out["items"])
+    ref = " ".join(t for _, t in librivox)
+    assert wer(ref, hyp) <= 0.10, hyp
+
+
+@pytest.mark.real
+def test_real_meeting_subtitles_are_valid_and_timed(tmp_path):
+    import pysrt
+    import webvtt
+
+    duration = sf.info(SAMPLES / "meeting.wav").duration
+    r = invoke(SAMPLES / "meeting.wav", "-o", tmp_path / "m.srt", "-q")
+    assert r.exit_code == 0, r.output
+    r = invoke(SAMPLES / "meeting.wav", "-o", tmp_path / "m.vtt", "-q")
+    assert r.exit_code == 0, r.output
+    subs = pysrt.open(str(tmp_path / "m.srt"))
+    cues = webvtt.read(str(tmp_path / "m.vtt"))
+    assert len(subs) == len(cues) >= 8
+    times = [(s.start.ordinal / 1000, s.end.ordinal / 1000) for s in subs]
+    flat = [t for pair in times for t in pair]
+    assert flat == sorted(flat) and flat[-1] <= duration + 1e-3
+    for (a, b, _, _) in utterances():  # every utterance overlaps some subtitle
+        assert any(s < b and e > a for s, e in times), (a, b)
+    hyp = " ".join(s.text for s in subs)
+    assert wer((SAMPLES / "meeting.txt").read_text(), hyp) <= 0.25, hyp  # the cards' "clubs" is hard
+
+
+@pytest.mark.real
+def test_real_word_timestamps_sit_inside_their_segments(librivox):
+    out = job(librivox[1][0], "--word-timestamps")
+    for seg in out["items"][0]["result"]["segments"]:
+        assert seg["words"]
+        for w in seg["words"]:
+            assert seg["start"] <= w["start"] <= w["end"] <= seg["end"]
+
+
+@pytest.mark.real
+def test_real_whisper_base_is_joined_once_and_detects_english(librivox, session_cache):
+    out = job(librivox[0][0], "--model", "whisper-base", "--beam-size", "1")
+    res = out["items"][0]["result"]
+    assert res["language"] == "en" and wer(librivox[0][1], res["text"]) <= 0.15
+    joined = session_cache / "joined" / "whisper-base" / "model.bin"
+    stamp = joined.stat().st_mtime_ns
+    job(librivox[4][0], "--model", "whisper-base", "--beam-size", "1")
+    assert joined.stat().st_mtime_ns == stamp
