@@ -4,7 +4,7 @@ settings) on SmolLM2-135M, same prompt (~120 tokens), same process, runs interle
 Reports TTFT (call → first new token, model already loaded) and decode tokens/s (tokens after the
 first ÷ their time) for each, the ratios, and the decode ceiling of each dtype: bytes of weights
 read per token ÷ the memory bandwidth measured in this run (a large tensor sum). Also: top-1
-agreement of the int8 default with float32, and the thread settings beside a busy neighbour.
+agreement of the default (float16 weights) with float32, and the thread settings beside a busy neighbour.
 
     python benchmarks/bench_generate.py [--quick]
 
@@ -125,23 +125,29 @@ def neighbour_child(n: int) -> None:
 
 
 def neighbour_matrix(n: int) -> list[dict]:
-    """taskrun's default path beside a busy Python loop and without, with torch's default spinning
-    OpenMP threads (ACTIVE) and with what the runner sets (PASSIVE), and with one thread."""
+    """taskrun's default path without and beside a busy Python loop, under: what the runner sets
+    (OMP_WAIT_POLICY unset, so configure_threads makes it PASSIVE), the OpenMP library's own
+    default (set to empty, which configure_threads leaves alone), spinning threads (ACTIVE), and
+    the runner's setting with one thread."""
     rows = []
-    settings = [("PASSIVE", None), ("ACTIVE", None), ("PASSIVE", "1")]
+    settings = [("runner (PASSIVE)", None, None), ("library default", "", None), ("ACTIVE", "ACTIVE", None),
+                ("runner, 1 thread", None, "1")]
     for busy in (False, True):
         hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
         try:
-            for policy, threads in settings:
-                env = dict(os.environ, OMP_WAIT_POLICY=policy)
+            for label, policy, threads in settings:
+                env = dict(os.environ)
+                env.pop("OMP_WAIT_POLICY", None)
                 env.pop("TASKRUN_THREADS", None)
+                if policy is not None:
+                    env["OMP_WAIT_POLICY"] = policy
                 if threads:
                     env["TASKRUN_THREADS"] = threads
                 out = subprocess.run([sys.executable, __file__, "--child", str(n)], env=env,
                                      capture_output=True, text=True, timeout=300)
                 line = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else "{}"
                 r = json.loads(line) if line.startswith("{") else {"error": out.stderr[-300:]}
-                rows.append({"neighbour": busy, "policy": policy, "threads": threads or "default", **r})
+                rows.append({"neighbour": busy, "setting": label, **r})
         finally:
             if hog is not None:
                 hog.kill()
@@ -163,7 +169,7 @@ def main() -> None:
     from pipelines.llm import load_llm
     from pipelines.resolve import resolve
 
-    n, reps = (32, 2) if args.quick else (64, 3)
+    n, reps = (32, 2) if args.quick else (64, 4)
     card = resolve("smollm2-135m")
     folder = ensure_converted(card)
     t = time.perf_counter()
@@ -178,13 +184,15 @@ def main() -> None:
     bws = []
     run_plain(plain, plain_tok, 4), run_taskrun(default, 4), run_taskrun(exact, 4)  # warm-up
     for _ in range(reps):  # interleaved, so a noisy neighbour hits every variant alike
-        bws.append(bandwidth_gbs(3))
+        bws.append(bandwidth_gbs(2))
         runs["plain_fp32_generate"].append(run_plain(plain, plain_tok, n))
         runs["taskrun_default"].append(run_taskrun(default, n))
         runs["taskrun_float32"].append(run_taskrun(exact, n))
-    bw = max(bws)
+    bw = statistics.median(bws)  # under the same contention as the decode runs (medians too)
     params = weight_params(plain)
-    bytes_per_token = {"float32": params * 4, "int8": params * 1}
+    from pipelines.llama_fast import BYTES
+
+    bytes_per_token = {"float32": params * 4, **{k: params * v for k, v in BYTES.items()}}
     table = {}
     for name, rs in runs.items():
         table[name] = {"ttft_s": statistics.median(r["ttft_s"] for r in rs),
@@ -194,7 +202,7 @@ def main() -> None:
     table["taskrun_float32"]["dtype"] = "float32"
     table["taskrun_default"]["dtype"] = default.dtype
     for name, row in table.items():
-        ceiling = bw * 1e9 / bytes_per_token["int8" if row["dtype"] == "int8" else "float32"]
+        ceiling = bw * 1e9 / bytes_per_token.get(row["dtype"], params * 4)
         row["ceiling_tokens_per_s"] = ceiling
         row["share_of_ceiling"] = row["decode_tokens_per_s"] / ceiling
     base = table["plain_fp32_generate"]
@@ -208,29 +216,33 @@ def main() -> None:
 
     print(f"SmolLM2-135M, prompt {base['input_tokens']} tokens, {n} new tokens, median of {reps} interleaved "
           f"runs; torch threads {torch.get_num_threads()}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}")
-    print(f"memory bandwidth (512 MiB sum, best): {bw:.1f} GB/s; weights read per token: "
+    print(f"memory bandwidth (512 MiB sum, median of {len(bws)}): {bw:.1f} GB/s (best {max(bws):.1f}); "
+          f"weights read per token: "
           f"{params / 1e6:.0f}M params = {bytes_per_token['float32'] / 1e6:.0f} MB float32, "
-          f"{bytes_per_token['int8'] / 1e6:.0f} MB int8")
+          f"{bytes_per_token['float16'] / 1e6:.0f} MB float16, {bytes_per_token['int8'] / 1e6:.0f} MB int8")
     print(f"{'path':<22}{'dtype':>8}{'ttft_s':>9}{'decode/s':>10}{'×plain':>8}{'ceiling':>9}{'of ceil':>9}")
     for name, r in table.items():
         print(f"{name:<22}{r['dtype']:>8}{r['ttft_s']:>9.3f}{r['decode_tokens_per_s']:>10.1f}"
               f"{r['decode_ratio_vs_plain']:>8.2f}{r['ceiling_tokens_per_s']:>9.1f}{r['share_of_ceiling']:>9.0%}")
     print(f"load (model already converted): plain from_pretrained {plain_load:.2f} s, taskrun default "
-          f"{default_load:.2f} s (includes int8 packing)")
+          f"{default_load:.2f} s (includes packing the {default.dtype} weights)")
     print(f"taskrun float32 greedy tokens identical to plain generate: {same_tokens}")
     if agreement is not None:
-        print(f"int8 default vs float32, teacher-forced top-1 agreement on {len(text_ids)} tokens: {agreement:.1%}")
-    neighbour = [] if args.quick else neighbour_matrix(n // 2)
+        print(f"{default.dtype} default vs float32, teacher-forced top-1 agreement on {len(text_ids)} "
+              f"tokens: {agreement:.1%}")
+    neighbour = [] if args.quick else neighbour_matrix(24)
+    if neighbour:
+        print("beside a busy neighbour (python busy loop), taskrun default path, 24 tokens, fresh process each:")
     for r in neighbour:
-        print(f"neighbour={'busy' if r['neighbour'] else 'none':<5} policy={r['policy']:<8} "
-              f"threads={r['threads']!s:<8} decode/s={r.get('decode_tokens_per_s', float('nan')):.1f} "
-              f"ttft_s={r.get('ttft_s', float('nan')):.3f}")
+        print(f"  neighbour={'busy' if r['neighbour'] else 'none':<5} {r['setting']:<18} "
+              f"threads={r.get('threads', '?')} policy={r.get('policy')!s:<8} "
+              f"decode/s={r.get('decode_tokens_per_s', float('nan')):6.1f} ttft_s={r.get('ttft_s', float('nan')):.3f}")
     load = os.getloadavg()
     print(f"load average during the run: {load[0]:.1f} (machine shared with other engineers: "
           f"absolute numbers are noisy, ratios are measured interleaved)")
     result = {"model": card.name, "digest": card.digest, "new_tokens": n, "repeats": reps,
-              "bandwidth_gbs": bw, "weight_params": params, "bytes_per_token": bytes_per_token,
-              "paths": table, "float32_tokens_identical": same_tokens, "int8_top1_agreement": agreement,
+              "bandwidth_gbs": bw, "bandwidth_samples_gbs": bws, "weight_params": params, "bytes_per_token": bytes_per_token,
+              "paths": table, "float32_tokens_identical": same_tokens, "default_top1_agreement": agreement,
               "load_s": {"plain": plain_load, "taskrun_default": default_load},
               "neighbour": neighbour, "loadavg_1min": load[0], "threads": torch.get_num_threads(),
               "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "quick": args.quick}

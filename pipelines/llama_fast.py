@@ -72,11 +72,31 @@ def bf16_linear(w: torch.Tensor):
     return lambda x: F.linear(x.to(torch.bfloat16), wb).to(x.dtype)
 
 
-LINEARS = {"float": float_linear, "int8": int8_weight_only_linear, "int8-dynamic": int8_linear}
+def fp16_linear(w: torch.Tensor):
+    """y = x @ w.T with w stored in float16 and float32 arithmetic (fbgemm's packed fp16 GEMV).
+
+    Half of float32's bytes per token, and float16 keeps 11 bits of mantissa, so the weights of
+    a Q4_1 GGUF come through all but unchanged. Measured here, one pass over SmolLM2's weights:
+    13 ms (20 GB/s) against 18 ms for int8 weight-only (7.5 GB/s) and 44 ms for float32.
+    """
+    packed = torch.ops.quantized.linear_prepack_fp16(w.detach().float().contiguous(), None)
+    op = torch.ops.quantized.linear_dynamic_fp16
+    return lambda x: op(x, packed)
 
 
-def int8_available() -> bool:
-    return hasattr(torch, "_weight_int8pack_mm")
+LINEARS = {"float": float_linear, "float16": fp16_linear, "int8": int8_weight_only_linear,
+           "int8-dynamic": int8_linear}
+BYTES = {"float16": 2, "int8": 1, "int8-dynamic": 1}  # per weight, for the decode ceiling
+
+
+def compact_weights() -> str | None:
+    """The fastest weight format this torch build has for CPU decoding, or None."""
+    if "fbgemm" in torch.backends.quantized.supported_engines and \
+            hasattr(torch.ops.quantized, "linear_dynamic_fp16"):
+        return "float16"
+    if hasattr(torch, "_weight_int8pack_mm"):
+        return "int8"
+    return None
 
 
 def _layer(norms, ws, lin):
@@ -107,7 +127,7 @@ class FastLlama:
             norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
             ws = (wqkv, a.o_proj.weight, wgu, m.down_proj.weight)
             self.layers.append(_layer(norms, ws, lin))
-            if weights == "int8":
+            if weights != "float":
                 self.prompt_layers.append(_layer(norms, ws, bf16_linear))
         self.prompt_layers = self.prompt_layers or self.layers
         self.scale = self.head_dim ** -0.5

@@ -220,17 +220,17 @@ def sample(logits, s: Sampling, gen) -> int:
 def load_llm(card: ModelCard, device: str, dtype: str) -> LLM:
     """The model and tokenizer for ``card`` (a GGUF is converted once, then read from the cache).
 
-    On CPU, ``auto`` runs Llama-architecture models on the lean decoder with int8 weights
-    (bfloat16 activations): decoding streams every weight once per token, so a quarter of the
-    bytes is most of the speed. ``float32`` runs the same decoder unrounded (exactly transformers'
-    numbers); ``bfloat16`` casts the weights.
+    On CPU, ``auto`` runs Llama-architecture models on the lean decoder with float16 weights
+    (float32 arithmetic; int8 where fbgemm is missing): decoding streams every weight once per
+    token, so half the bytes is most of the speed. ``float32`` runs the same decoder unrounded
+    (exactly transformers' tokens); ``bfloat16`` casts the weights. TASKRUN_WEIGHTS overrides.
     """
     from pipelines.gguf_convert import ensure_converted
-    from pipelines.llama_fast import FastLlama, int8_available, supports
+    from pipelines.llama_fast import FastLlama, compact_weights, supports
 
-    want_int8 = dtype in ("auto", "", None) and device == "cpu" and int8_available() and \
-        os.environ.get("TASKRUN_INT8", "1") != "0"
-    torch_dtype, name = resolve_dtype("float32" if want_int8 else dtype, device, auto="float32")
+    compact = compact_weights() if dtype in ("auto", "", None) and device == "cpu" else None
+    compact = os.environ.get("TASKRUN_WEIGHTS", compact or "") or None  # float16 | int8 | float
+    torch_dtype, name = resolve_dtype("float32" if compact else dtype, device, auto="float32")
 
     def factory():
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -248,15 +248,12 @@ def load_llm(card: ModelCard, device: str, dtype: str) -> LLM:
             import torch
 
             with torch.inference_mode():
-                llm.fast = FastLlama(model, weights="int8" if want_int8 and torch_dtype == torch.float32
-                                     else "float")
-            if llm.fast.weights == "int8":
-                llm.dtype = "int8"  # weights int8 per channel; activations bfloat16
-        elif want_int8:
-            llm.dtype = "float32"
+                llm.fast = FastLlama(model, weights=compact or "float")
+            if compact and compact != "float":
+                llm.dtype = compact  # the weights' storage while decoding; arithmetic stays float32
         return llm
 
-    key = "int8" if want_int8 else name
+    key = compact or name
     return cached_model(card, "transformers", device, key, "causal-lm", factory)
 
 

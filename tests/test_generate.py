@@ -227,14 +227,19 @@ def test_lean_decoder_matches_transformers_token_for_token(tiny, monkeypatch):
     clear_cache()
     monkeypatch.setenv("TASKRUN_FAST", "1")
     fast = copy.copy(load_llm(card, "cpu", "float32"))
-    int8 = copy.copy(load_llm(card, "cpu", "auto"))
-    clear_cache()
-    assert fast.fast is not None and fast.dtype == "float32" and int8.dtype == "int8"
-    for llm in (slow, fast, int8):
+    compact = {}
+    for weights in ("float16", "int8"):
+        monkeypatch.setenv("TASKRUN_WEIGHTS", weights)
+        compact[weights] = copy.copy(load_llm(card, "cpu", "auto"))
+        clear_cache()
+    assert fast.fast is not None and fast.dtype == "float32"
+    assert [c.dtype for c in compact.values()] == ["float16", "int8"]
+    for llm in (slow, fast, *compact.values()):
         llm.eos = set()
     ids = slow.prompt_ids(PROMPT)
     a, _ = _decode(slow, ids, max_tokens=30)
     b, _ = _decode(fast, ids, max_tokens=30)
     assert a.token_ids == b.token_ids
-    c, _ = _decode(int8, ids, max_tokens=30)  # rounded weights: close, not necessarily equal
-    assert len(c.token_ids) == 30 and c.token_ids[:3] == a.token_ids[:3]
+    for llm in compact.values():  # rounded weights: close, not necessarily equal
+        c, _ = _decode(llm, ids, max_tokens=30)
+        assert len(c.token_ids) == 30 and c.token_ids[:3] == a.token_ids[:3]
