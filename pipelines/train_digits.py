@@ -122,7 +122,7 @@ def save(unet, noise_sched, out: Path, meta: dict) -> None:
             "zero one two three four five six seven eight nine".split())},
         "null_class": NULL_CLASS,  # the "no class" embedding used by classifier-free guidance
         "default_steps": 25,
-        "default_guidance": 2.0,
+        "default_guidance": 1.5,  # measured: 1.5 → 100/100 recognised, 2 → 89, 3 → 35 (over-driven)
         "about": "class-conditional DDPM on scikit-learn's handwritten digits (8x8 pixels); trained by pipelines/train_digits.py",
         "training": meta,
     }
