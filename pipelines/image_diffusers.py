@@ -190,8 +190,9 @@ class Pipeline(Base):
         it now), or (None, 0) for the first job of that shape.
 
         For models this small, Python overhead per call dominates a step: a traced graph runs a
-        step about 1.5x faster with identical output (benchmarks/bench_image.py). Tracing takes
-        one to a few seconds, so a one-off job never pays for it; from the second job with the
+        step 1.3x (digits-ddpm) to 1.8x (tiny SD) faster with identical pixels
+        (benchmarks/bench_image.py). Tracing takes 0.3 s to a few seconds, more than it saves in
+        one 25-step job, so a one-off job never pays for it; from the second job with the
         same shapes in one process (a batch, a chain, a server) it does, and the graph is kept
         with the loaded model.
         """
