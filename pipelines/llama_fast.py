@@ -105,7 +105,9 @@ def _layer(norms, ws, lin):
 
 
 class FastLlama:
-    def __init__(self, model, max_len: int = 512, weights: str = "float") -> None:
+    def __init__(self, model, max_len: int = 512, weights: str = "float", release: bool = False) -> None:
+        """``release`` frees the transformers module's projection weights as they are repacked
+        (the module can no longer run afterwards), so memory holds one copy, not two."""
         cfg = model.config
         inner = model.model
         self.dtype = inner.embed_tokens.weight.dtype
@@ -129,6 +131,10 @@ class FastLlama:
             self.layers.append(_layer(norms, ws, lin))
             if weights != "float":
                 self.prompt_layers.append(_layer(norms, ws, bf16_linear))
+            if release:  # the module's own copies are dead weight now: free them layer by layer
+                for mod in (a.q_proj, a.k_proj, a.v_proj, m.gate_proj, m.up_proj) + \
+                        ((a.o_proj, m.down_proj) if weights != "float" else ()):
+                    mod.weight = torch.nn.Parameter(torch.empty(0, dtype=mod.weight.dtype), requires_grad=False)
         self.prompt_layers = self.prompt_layers or self.layers
         self.scale = self.head_dim ** -0.5
         self.q_size = self.n_heads * self.head_dim

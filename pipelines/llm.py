@@ -248,7 +248,7 @@ def load_llm(card: ModelCard, device: str, dtype: str) -> LLM:
             import torch
 
             with torch.inference_mode():
-                llm.fast = FastLlama(model, weights=compact or "float")
+                llm.fast = FastLlama(model, weights=compact or "float", release=True)
             if compact and compact != "float":
                 llm.dtype = compact  # the weights' storage while decoding; arithmetic stays float32
         return llm
