@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -304,3 +305,17 @@ def test_text_to_image_second_job_traces_the_unet_steps_and_pixels_unchanged(sd)
     pixels = [[e for e in j if isinstance(e, ev.Item)][0].result.images[0].pixels for j in jobs]
     assert np.array_equal(pixels[0], pixels[1]) and np.array_equal(pixels[0], pixels[2])
     assert "forward" not in pipe.pipe.unet.__dict__  # the override is gone after the job
+
+
+@pytest.mark.real
+def test_training_script_is_reproducible(tmp_path):
+    """Same seed, torch and thread count → bit-identical weights (a short run of the real script)."""
+    import subprocess
+
+    script = Path(__file__).resolve().parent.parent / "pipelines" / "train_digits.py"
+    for name in ("a", "b"):
+        subprocess.run([sys.executable, str(script), "--steps", "5", "--batch", "32", "--out", str(tmp_path / name)],
+                       check=True, capture_output=True)
+    weights = [(tmp_path / n / "unet" / "diffusion_pytorch_model.safetensors").read_bytes() for n in "ab"]
+    assert weights[0] == weights[1]
+    assert json.loads((tmp_path / "a" / "conditioning.json").read_text())["null_class"] == 10
