@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 from pipelines.base import Pipeline as Base
 from pipelines.llm import Decoded, Sampling, estimate_cost, load_llm
@@ -46,12 +47,15 @@ class Pipeline(Base):
                 yield ev.ItemError(i, inp.source, str(exc))
                 continue
             out = Decoded()
-            if prefix and options.stream:
-                yield ev.Token(prefix, i)
-            for piece in llm.stream(ids, s, clock, out):
-                if options.stream:
-                    yield ev.Token(piece, i)
-            text = prefix + out.text
+            if guided_fields(schema):
+                text = yield from guided_fill(llm, inp.text, options, system, schema, s, clock, out, i)
+            else:
+                if prefix and options.stream:
+                    yield ev.Token(prefix, i)
+                for piece in llm.stream(ids, s, clock, out):
+                    if options.stream:
+                        yield ev.Token(piece, i)
+                text = prefix + out.text
             if ttft is None and out.first_token_at is not None:
                 ttft = out.first_token_at
             n_out = len(out.token_ids)
@@ -104,3 +108,98 @@ def _validate(res: Generation, schema) -> None:
         res.schema_valid, res.schema_error = False, f"{where}: {errors[0].message}"
     else:
         res.schema_valid = True
+
+
+# --------------------------------------------------------------------------- JSON, constrained
+
+PRIMITIVE = ("string", "integer", "number", "boolean")
+
+
+def guided_fields(schema) -> list[tuple[str, dict]] | None:
+    """The (name, schema) fields of a flat object schema that the guided fill can constrain:
+    properties that are strings, numbers, booleans or enums. None for anything else (nested
+    objects, arrays, ...), which is prompted for and validated only."""
+    if not isinstance(schema, dict) or schema.get("type") != "object" or not schema.get("properties"):
+        return None
+    props = schema["properties"]
+    for sub in props.values():
+        if not isinstance(sub, dict) or not (isinstance(sub.get("enum"), list) and sub["enum"]
+                                             or sub.get("type") in PRIMITIVE):
+            return None
+    required = [k for k in schema.get("required", []) if k in props]
+    return [(k, props[k]) for k in required + [k for k in props if k not in required]]
+
+
+def _number_mask(llm):
+    """Tokens that may continue a JSON number (digits, sign, point) or end it (, } newline)."""
+    import torch
+
+    if getattr(llm, "_number_mask", None) is None:
+        vocab = llm.tok.convert_ids_to_tokens(list(range(len(llm.tok))))
+        ok = torch.zeros(llm.model.config.vocab_size, dtype=torch.bool)
+        for i, piece in enumerate(vocab):
+            text = llm.tok.convert_tokens_to_string([piece]) if piece else ""
+            if text and (re.fullmatch(r"[0-9.eE+-]+", text) or text.strip() in (",", "}", "")):
+                ok[i] = i < ok.shape[0]
+        llm._number_mask = ok
+    return llm._number_mask
+
+
+def guided_fill(llm, question, options, system, schema, s, clock, out, index):
+    """Write the JSON skeleton ourselves and let the model fill each value: strings up to their
+    closing quote, numbers from digit tokens only, booleans and enums by the likeliest option.
+    The answer is then valid JSON with the schema's keys and types by construction; the
+    validator still checks what the skeleton cannot (formats, ranges, patterns)."""
+    import dataclasses
+
+    fields = guided_fields(schema)
+    budget = max(8, options.max_tokens // len(fields))
+    text, first = "{", True
+    cut = False
+    if options.stream:
+        yield ev.Token("{", index)
+    for name, sub in fields:
+        piece = ("" if first else ", ") + json.dumps(name) + ": "
+        first = False
+        text += piece
+        if options.stream:
+            yield ev.Token(piece, index)
+        ids = llm.prompt_ids(question, system, options.raw, text)
+        kind = "enum" if isinstance(sub.get("enum"), list) else sub.get("type")
+        if kind in ("enum", "boolean"):
+            choices = sub["enum"] if kind == "enum" else [True, False]
+            scores = [llm.score(ids, llm.tok.encode(json.dumps(c), add_special_tokens=False)) for c in choices]
+            value = json.dumps(choices[max(range(len(choices)), key=scores.__getitem__)])
+            if out.first_token_at is None:
+                out.first_token_at = clock.now()
+        else:
+            part = Decoded()
+            if kind == "string":
+                ids = llm.prompt_ids(question, system, options.raw, text + '"')
+                sv = dataclasses.replace(s, max_tokens=budget, stop=('"',))
+            else:
+                sv = dataclasses.replace(s, max_tokens=budget, stop=(",", "}", "\n"), allowed=_number_mask(llm))
+            for _ in llm.stream(ids, sv, clock, part):
+                pass
+            if out.first_token_at is None:
+                out.first_token_at, out.prefill_s = part.first_token_at, part.prefill_s
+            out.token_ids += part.token_ids
+            out.decode_s += part.decode_s
+            cut = cut or part.finish_reason == "length"
+            if kind == "string":
+                value = json.dumps(part.text)
+            else:
+                raw = part.text.strip()
+                value = raw if re.fullmatch(r"-?\d+(\.\d+)?([eE][+-]?\d+)?", raw) else "null"
+                if kind == "integer" and "." in value:
+                    value = value.split(".")[0]
+        text += value
+        if options.stream:
+            yield ev.Token(value, index)
+    text += "}"
+    if options.stream:
+        yield ev.Token("}", index)
+    out.finish_reason = "length" if cut else "stop"
+    out.text = text
+    return text
+

@@ -29,6 +29,7 @@ class Sampling:
     top_k: int = 0  # 0: off
     seed: int = 0
     stop: tuple[str, ...] = ()
+    allowed: object = None  # a bool tensor over the vocabulary: only these tokens may be drawn
 
 
 @dataclass
@@ -148,6 +149,25 @@ class LLM:
         if len(out.text) > emitted:
             yield out.text[emitted:]
 
+    def score(self, ids: list[int], continuation: list[int]) -> float:
+        """Log-probability of ``continuation`` after ``ids`` (to choose among fixed options)."""
+        import torch
+
+        if self.fast is not None:
+            f = self.fast
+            f.reset()
+            f.ensure(len(ids) + len(continuation))
+            logits, total = f.forward(torch.tensor(ids)), 0.0
+            for i, tok in enumerate(continuation):
+                total += float(torch.log_softmax(logits.float(), -1)[tok])
+                if i + 1 < len(continuation):
+                    logits = f.forward(torch.tensor([tok]))
+            return total
+        with torch.inference_mode():
+            logits = self.model(input_ids=torch.tensor([ids + continuation], device=self.device)).logits[0]
+        lp = torch.log_softmax(logits[len(ids) - 1:-1].float(), -1)
+        return float(lp[torch.arange(len(continuation)), torch.tensor(continuation)].sum())
+
     def _tokens(self, ids: list[int], limit: int, s: Sampling, gen) -> Iterator[int]:
         """Token ids, one per forward pass: prefill, then single-token steps on the KV cache."""
         import torch
@@ -197,6 +217,8 @@ def sample(logits, s: Sampling, gen) -> int:
     """The next token: greedy at temperature 0, else temperature → top-k → top-p → a seeded draw."""
     import torch
 
+    if s.allowed is not None:  # a constraint (e.g. digits inside a JSON number)
+        logits = logits.float().masked_fill(~s.allowed, float("-inf"))
     if s.temperature == 0:
         return int(torch.argmax(logits))
     logits = logits.float() / s.temperature

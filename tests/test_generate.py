@@ -99,7 +99,7 @@ def test_seed_is_reported_when_not_given(tiny):
 
 
 def test_context_window_is_checked_before_generation(tiny):
-    long = " ".join(["the capital of France is Paris"] * 80)
+    long = " ".join(["the capital of France is Paris"] * 200)
     with pytest.raises(TaskError, match=rf"the prompt is \d+ tokens; .* at most {CONTEXT}.*--truncate"):
         _run(tiny, long)
     rec, _ = _run(tiny, long, truncate=True, max_tokens=5)
@@ -123,10 +123,23 @@ def test_metrics_are_consistent(tiny, llm):
     assert m.cost == pytest.approx(res.input_tokens * 2e-6 + res.output_tokens * 10e-6)
 
 
-def test_json_schema_failure_is_reported(tiny, tmp_path):
+def test_flat_json_schema_is_filled_by_construction(tiny, tmp_path):
     schema = tmp_path / "s.json"
+    schema.write_text(json.dumps({"type": "object", "required": ["city", "n", "ok", "kind"],
+                                  "properties": {"city": {"type": "string"}, "n": {"type": "integer"},
+                                                 "ok": {"type": "boolean"}, "kind": {"enum": ["a", "b"]}}}))
+    rec, events = _run(tiny, max_tokens=24, json_schema=str(schema))
+    res = rec.results[0]
+    value = json.loads(res.text)  # valid JSON even from random weights
+    assert list(value) == ["city", "n", "ok", "kind"] and isinstance(value["ok"], bool) and value["kind"] in "ab"
+    assert "".join(e.text for e in events if isinstance(e, ev.Token)) == res.text
+    assert res.schema_valid is (value["n"] is not None), res.schema_error
+
+
+def test_json_schema_failure_is_reported(tiny, tmp_path):
+    schema = tmp_path / "s.json"  # nested: prompted for and validated, not constrained
     schema.write_text(json.dumps({"type": "object", "required": ["city"],
-                                  "properties": {"city": {"type": "string"}}}))
+                                  "properties": {"city": {"type": "object"}}}))
     rec, _ = _run(tiny, max_tokens=6, json_schema=str(schema))
     res = rec.results[0]
     assert res.text.startswith("{")  # the answer is started as an object

@@ -14,7 +14,7 @@ CHAT_TEMPLATE = (
 CORPUS = ["The capital of France is Paris.", "Count from one to ten: one two three four five six seven.",
           "The meeting decided to ship the release on Friday. Alice owns the budget; Bob owns testing.",
           "What is the capital of France?", "Summarize the following text in two sentences."] * 20
-CONTEXT = 256  # tokens: small, so the tests can overflow it cheaply
+CONTEXT = 512  # tokens: small, so the tests can overflow it cheaply
 
 
 def build(root: Path) -> Path:
