@@ -89,7 +89,7 @@ class Pipeline(Base):
                 stages.append(_stage(f"map{round_}", j, len(llm.prompt_ids(PART.format(text=piece))), out))
                 parts.append(out.text.strip())
             yield ev.Progress(len(pieces), len(pieces), "chunks", f"map round {round_}")
-            text = "\n\n".join(f"Part {k}: {p}" for k, p in enumerate(parts, 1))
+            text = "\n\n".join(parts)  # unlabelled: a small model copies "Part 1:" labels into its answer
         template = COMBINE if chunks > 1 else INSTRUCTION
         ids = llm.prompt_ids(template.format(how=how, text=text))
         out = Decoded()
