@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tasks import REGISTRY
-from tasks.base import Input, TaskError, make_options, to_jsonable
+from tasks.base import TaskError, make_options, to_jsonable
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -59,7 +59,9 @@ class Options:
     truncate: bool = option(False, "--truncate",
                             help="Cut a prompt that does not fit the context window instead of refusing it.")
     json_schema: str = option("", "--json-schema", metavar="FILE",
-                              help="Ask for JSON matching this schema; the answer is validated against it.")
+                              help="Answer in JSON for this schema: flat objects (string, number, boolean, "
+                                   "enum fields) are filled by construction, others asked for; "
+                                   "always validated.")
     price_in: float = option(0.0, "--price-in", help="Price per million input tokens, for a cost estimate.")
     price_out: float = option(0.0, "--price-out", help="Price per million output tokens, for a cost estimate.")
 
