@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,9 @@ def _pick_format(task: Task, fmt: str | None, output: str | None) -> str | None:
         suffix = Path(output).suffix.lstrip(".").lower()
         if suffix in task.formats:
             return suffix
+        if task.writes_files and suffix not in ("json", "txt"):
+            raise TaskError(f"{task.name} writes {task.writes_files.upper()} files; name the output "
+                            f"{Path(output).stem or 'out'}.{task.writes_files}")
     return fmt
 
 
@@ -102,7 +106,17 @@ def _check_output_path(output: str) -> None:
 def _emit(task: Task, rec: JobRecord, fmt: str | None, output: str | None, json_mode: bool,
           quiet: bool) -> None:
     results = rec.results
-    if json_mode:
+    if json_mode and task.writes_files and results:
+        # The files are the result (images): write them, name them in the JSON, and keep stdout
+        # for the JSON alone (the writer lists the paths it wrote on stdout in text mode).
+        ext = task.writes_files
+        target = Path(output) if output and output.lower().endswith("." + ext) else None
+        with contextlib.redirect_stdout(sys.stderr):
+            task.write(results, ext, target, rec.options)
+        if target is not None:
+            output = None
+        print_json(rec.to_json())
+    elif json_mode:
         if output:
             import json
 

@@ -164,6 +164,7 @@ class Task:
     text_file: str = "lines"  # how a text file is read by -f: "lines" (one input each) or "whole"
     batch: bool = True  # accepts several inputs in one job
     inputs_required: bool = True  # False: the task may run with no input (an unconditional model)
+    writes_files: str | None = None  # a format whose files are the result itself (png): written in every mode
 
     registry_note: ClassVar[str] = ""
 

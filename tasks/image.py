@@ -257,6 +257,7 @@ TASK = ImageTask(
     input_kinds=("text",),
     model_kinds="a diffusers image-generation model such as digits-ddpm, or a text-to-image folder",
     formats=("png", "json", "text"),
+    writes_files="png",
     text_file="whole",
     batch=False,
     inputs_required=False,
