@@ -62,7 +62,7 @@ class Pipeline(Base):
             totals["in"] += len(ids)
             totals["out"] += n_out
             totals["prefill"] += out.prefill_s
-            totals["decode_n"] += max(0, n_out - 1)
+            totals["decode_n"] += out.decode_steps
             totals["decode_s"] += out.decode_s
             reasons.append(out.finish_reason)
             res = Generation(prompt=inp.text, text=text, finish_reason=out.finish_reason,
@@ -185,6 +185,7 @@ def guided_fill(llm, question, options, system, schema, s, clock, out, index):
                 out.first_token_at, out.prefill_s = part.first_token_at, part.prefill_s
             out.token_ids += part.token_ids
             out.decode_s += part.decode_s
+            out.decode_steps += part.decode_steps
             cut = cut or part.finish_reason == "length"
             if kind == "string":
                 value = json.dumps(part.text)

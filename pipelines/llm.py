@@ -42,11 +42,12 @@ class Decoded:
     first_token_at: float | None = None  # clock time the first token came out of the model
     prefill_s: float = 0.0  # the forward pass over the prompt (to the first token's logits)
     decode_s: float = 0.0  # from the first token to the last
+    decode_steps: int = 0  # tokens after the first, the end-of-sequence token included (it cost a pass)
     hit_window: bool = False  # generation stopped because the context window was full
 
     @property
     def decode_tokens_per_s(self) -> float:
-        n = len(self.token_ids) - 1  # tokens after the first, over their time
+        n = self.decode_steps  # tokens after the first, over their time
         return n / self.decode_s if n > 0 and self.decode_s > 0 else 0.0
 
 
@@ -124,6 +125,7 @@ class LLM:
                 t_first = now
             else:
                 out.decode_s = now - t_first
+                out.decode_steps = step
             if token in self.eos:
                 out.finish_reason = "stop"
                 break

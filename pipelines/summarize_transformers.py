@@ -45,7 +45,7 @@ class Pipeline(Base):
             last = last or final
             total_chunks += res.chunks
             yield ev.Item(i, inp.source, res)
-        n_dec = sum(max(0, st["output_tokens"] - 1) for st in stages)
+        n_dec = sum(st["decode_steps"] for st in stages)
         t_dec = sum(st["decode_s"] for st in stages)
         yield ev.Done(Metrics(
             input_tokens=sum(st["input_tokens"] for st in stages),
@@ -105,6 +105,7 @@ class Pipeline(Base):
 def _stage(kind: str, chunk: int, input_tokens: int, out: Decoded) -> dict:
     return {"stage": kind, "chunk": chunk, "input_tokens": input_tokens, "output_tokens": len(out.token_ids),
             "prefill_s": round(out.prefill_s, 4), "decode_s": round(out.decode_s, 4),
+            "decode_steps": out.decode_steps,
             "finish_reason": out.finish_reason}
 
 
