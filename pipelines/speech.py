@@ -57,11 +57,14 @@ class _Stopwatch:
 def place(pieces: list[Piece] | Iterator[Piece], offset_s: float, end_s: float, floor_s: float) -> Iterator[Segment]:
     """Pieces from a chunk starting at ``offset_s`` → file-time segments, kept inside
     [floor_s, end_s] and in order: Whisper's timestamps can run past the audio it was given."""
-    t = floor_s
+    t, last_raw = floor_s, 0.0
     for p in pieces:
         text = p.text.strip()
-        if not text:
+        if not any(c.isalnum() for c in text):  # "." or "♪" alone: nothing was said
             continue
+        if p.start + 1.0 < last_raw:  # a start that jumps back: the decoder restarted and is inventing
+            continue
+        last_raw = p.start
         start = min(max(offset_s + p.start, t), end_s)
         stop = end_s if p.end is None else min(max(offset_s + p.end, start), end_s)
         words = None
@@ -177,7 +180,9 @@ class SpeechPipeline(Pipeline):
             if not spans:
                 return
             totals["speech"] += sum(b - a for a, b in spans) / sr
-            lo, hi = spans[0][0], min(spans[-1][1], len(x))  # trim the silent ends, keep inner pauses
+            # Skip the silence before the first speech; keep the rest to the cut, which is already in
+            # a pause: audio that stops right after the last word invites Whisper to invent more.
+            lo = spans[0][0]
         totals["chunks"] += 1
         floor = done[-1].end if done else 0.0
         pieces = self.decode(x[lo:hi], options, state)

@@ -115,7 +115,7 @@ class Pipeline(SpeechPipeline):
     def decode(self, samples, options, state: FileState):
         language = state.language or (None if self.multilingual else "en")
         segments, info = self.model.transcribe(
-            samples, language=language, task=options.task, beam_size=options.beam_size,
+            samples, language=language, task=options.task, beam_size=options.beam_size or 5,
             vad_filter=False,  # taskrun's own VAD already trimmed this chunk
             word_timestamps=options.word_timestamps, without_timestamps=False,
             condition_on_previous_text=True, max_new_tokens=self.max_new_tokens)

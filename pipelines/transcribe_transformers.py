@@ -18,6 +18,11 @@ from pipelines.speech import FileState, Piece, SpeechPipeline
 from tasks.base import TaskError
 
 TIME_PRECISION = 0.02  # seconds per Whisper timestamp token
+# Whisper's guards against repetition loops and invented text, as openai/whisper and faster-whisper
+# use them (the compression ratio here is over token ids, hence 1.35 rather than 2.4): a window
+# whose output is too repetitive or too unlikely is decoded again at a higher temperature.
+FALLBACK = {"temperature": (0.0, 0.2, 0.4, 0.6, 0.8, 1.0), "compression_ratio_threshold": 1.35,
+            "logprob_threshold": -1.0, "no_speech_threshold": 0.6}
 CTC_GAP_S = 0.8  # a pause this long starts a new CTC segment
 CTC_MAX_WORDS = 16
 
@@ -136,8 +141,10 @@ class Pipeline(SpeechPipeline):
                 lang_id = int(self.model.detect_language(feats)[0])
                 state.language = self.processor.tokenizer.convert_ids_to_tokens(lang_id).strip("<|>")
             kwargs = {"language": state.language, "task": options.task}
+        torch.manual_seed(0)  # a temperature fallback samples: the same audio gives the same text
         with torch.inference_mode():
-            out = self.model.generate(feats, return_timestamps=True, num_beams=options.beam_size, **kwargs)
+            out = self.model.generate(feats, return_timestamps=True, num_beams=options.beam_size or 1,
+                                      **FALLBACK, **kwargs)
         tok = self.processor.tokenizer
         ids = out[0].tolist() if hasattr(out, "tolist") else out["sequences"][0].tolist()
         return whisper_segments(ids, gc.no_timestamps_token_id + 1, gc.eos_token_id,

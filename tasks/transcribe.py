@@ -26,7 +26,10 @@ class Options:
     vad: bool = option(True, "--vad",
                        help="Skip non-speech with voice-activity detection (Silero): faster on "
                             "meetings, and silence yields no invented words.")
-    beam_size: int = option(5, "--beam-size", help="Beam width for Whisper decoding (1 = greedy).")
+    beam_size: int | None = option(None, "--beam-size",
+                                   help="Beam width for Whisper (1 = greedy). Default: the runtime's own, "
+                                        "5 on ctranslate2 (faster-whisper's), 1 on transformers (its "
+                                        "pipeline's; beam search there is several times slower on CPU).")
     word_timestamps: bool = option(False, "--word-timestamps",
                                    help="Also give each word's start and end (ctranslate2 runtime).")
 
@@ -39,7 +42,8 @@ class Options:
         require(1.0 <= self.chunk_s <= WHISPER_WINDOW_S,
                 f"--chunk-s must be between 1 and {WHISPER_WINDOW_S:g} seconds, the length Whisper "
                 f"hears at once (got {self.chunk_s:g}); long files are chunked automatically")
-        require(1 <= self.beam_size <= 16, f"--beam-size must be 1 to 16 (got {self.beam_size})")
+        require(self.beam_size is None or 1 <= self.beam_size <= 16,
+                f"--beam-size must be 1 to 16 (got {self.beam_size})")
 
 
 @dataclass(frozen=True)

@@ -101,7 +101,8 @@ def test_speech_is_found_by_vad():
 
 
 def test_pieces_land_on_the_file_timeline_clamped_and_in_order():
-    pieces = [Piece(0.0, 2.0, " a"), Piece(1.5, 40.0, " b"), Piece(3.0, None, " c"), Piece(1.0, 1.0, "  ")]
+    pieces = [Piece(0.0, 2.0, " a"), Piece(1.5, 40.0, " b"), Piece(3.0, None, " c"), Piece(1.0, 1.0, "  "),
+              Piece(4.0, 4.5, " ."), Piece(0.0, 2.0, " Thank you for watching")]  # the last two: invented
     segs = list(place(pieces, offset_s=60.0, end_s=85.0, floor_s=59.0))
     assert [(s.start, s.end, s.text) for s in segs] == [(60.0, 62.0, "a"), (62.0, 85.0, "b"), (85.0, 85.0, "c")]
 
@@ -182,7 +183,7 @@ def test_tiny_transformers_streams_segments_and_writes_srt(tiny_dir, speech, tmp
 
 
 def test_tiny_ctranslate2_runs_and_timestamps_stay_in_the_audio(tiny_dir, speech):
-    out = job(speech, "--model", build_ct2(tiny_dir), "--beam-size", "1")
+    out = job(speech, "--model", build_ct2(tiny_dir))
     assert out["runtime"] == "ctranslate2"
     item = out["items"][0]["result"]
     assert item["audio_s"] == pytest.approx(3.4, abs=0.01)
