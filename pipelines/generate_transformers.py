@@ -31,7 +31,8 @@ class Pipeline(Base):
         schema = load_schema(options.json_schema) if options.json_schema else None
         seed = options.seed if options.seed is not None else random.SystemRandom().randrange(2**31)
         s = Sampling(max_tokens=options.max_tokens, temperature=options.temperature, top_p=options.top_p,
-                     top_k=options.top_k, seed=seed, stop=tuple(options.stop))
+                     top_k=options.top_k, seed=seed, stop=tuple(options.stop),
+                     repeat_penalty=options.repeat_penalty)
         system, prefix = options.system, ""
         if schema is not None:
             system = (system + "\n\n" if system else "") + SCHEMA_SYSTEM.format(schema=json.dumps(schema))

@@ -30,6 +30,7 @@ class Sampling:
     seed: int = 0
     stop: tuple[str, ...] = ()
     allowed: object = None  # a bool tensor over the vocabulary: only these tokens may be drawn
+    repeat_penalty: float = 1.0  # > 1 makes tokens already generated less likely (1 = off)
 
 
 @dataclass
@@ -176,13 +177,15 @@ class LLM:
 
         if limit <= 0:
             return
+        history: list[int] = []
         if self.fast is not None:
             f = self.fast
             f.reset()
             f.ensure(len(ids) + limit)
             logits = f.forward(torch.tensor(ids))
             for i in range(limit):
-                token = sample(logits, s, gen)
+                token = sample(logits, s, gen, history)
+                history.append(token)
                 yield token
                 if i + 1 < limit:
                     logits = f.forward(torch.tensor([token]))
@@ -196,7 +199,8 @@ class LLM:
         logits = model(input_ids=torch.tensor([ids], device=dev), cache=cache, use_cache=True,
                        position_ids=pos[None], logits_to_keep=1).logits[0, -1]
         for i in range(limit):
-            token = sample(logits, s, gen)
+            token = sample(logits, s, gen, history)
+            history.append(token)
             yield token
             if i + 1 < limit:
                 p = torch.tensor([[len(ids) + i]], device=dev)
@@ -215,9 +219,19 @@ def _partial_stop(text: str, stops: tuple[str, ...], holdback: int) -> int:
     return min(best, holdback)
 
 
-def sample(logits, s: Sampling, gen) -> int:
-    """The next token: greedy at temperature 0, else temperature → top-k → top-p → a seeded draw."""
+def sample(logits, s: Sampling, gen, history: list[int] = ()) -> int:
+    """The next token: greedy at temperature 0, else temperature → top-k → top-p → a seeded draw.
+
+    ``repeat_penalty`` divides the positive logits (multiplies the negative ones) of tokens this
+    answer already holds, as llama.cpp and transformers do; small models otherwise fall into loops.
+    """
     import torch
+
+    if s.repeat_penalty != 1.0 and history:
+        logits = logits.float().clone()
+        seen = torch.tensor(sorted(set(history)))
+        v = logits[seen]
+        logits[seen] = torch.where(v > 0, v / s.repeat_penalty, v * s.repeat_penalty)
 
     if s.allowed is not None:  # a constraint (e.g. digits inside a JSON number)
         logits = logits.float().masked_fill(~s.allowed, float("-inf"))

@@ -63,7 +63,7 @@ class Pipeline(Base):
         answer = options.answer_tokens
         how = LENGTHS[options.length][1]
         s = Sampling(max_tokens=answer, temperature=options.temperature, top_p=options.top_p,
-                     seed=options.seed)
+                     seed=options.seed, repeat_penalty=options.repeat_penalty)
         source_tokens = llm.count(text)
         overhead = len(llm.prompt_ids(INSTRUCTION.format(how=how, text=""))) + 8
         budget = window - answer - overhead  # text tokens one pass can read

@@ -51,6 +51,9 @@ class Options:
     top_k: int = option(0, "--top-k", help="Sample only among the k most likely tokens (0 = off).")
     seed: int | None = option(None, "--seed", help="Random seed for sampling (default: a new one, "
                                                    "reported in the result so the run can be repeated).")
+    repeat_penalty: float = option(1.0, "--repeat-penalty",
+                                   help="Above 1, makes tokens the answer already holds less likely "
+                                        "(1.1-1.3 stops small models looping; 1 = off).")
     stop: tuple[str, ...] = option((), "--stop", multiple=True, metavar="TEXT",
                                    help="Stop when this text appears (not included). Repeatable.")
     system: str = option("", "--system", help="System prompt (used with the chat template).")
@@ -68,6 +71,7 @@ class Options:
     def __post_init__(self):
         check_sampling(self.max_tokens, self.temperature, self.top_p, self.top_k)
         require(self.seed is None or self.seed >= 0, f"--seed must be 0 or more (got {self.seed})")
+        require(self.repeat_penalty > 0, f"--repeat-penalty must be above 0, e.g. 1.1 (got {self.repeat_penalty})")
         require(all(self.stop), "--stop needs a non-empty text")
         require(self.price_in >= 0 and self.price_out >= 0, "--price-in/--price-out must be 0 or more")
         if self.json_schema:

@@ -25,6 +25,8 @@ class Options:
     temperature: float = option(0.0, "--temperature", help="Sampling temperature; 0 = greedy.")
     top_p: float = option(1.0, "--top-p", help="Nucleus sampling mass.")
     seed: int = option(0, "--seed", help="Random seed for sampling.")
+    repeat_penalty: float = option(1.15, "--repeat-penalty",
+                                   help="Above 1, makes tokens already in the summary less likely (1 = off).")
     context: int = option(0, "--context", metavar="TOKENS",
                           help="Use at most this much of the model's window (0: all); "
                                "input beyond it is summarised in chunks (map-reduce).")
@@ -33,6 +35,7 @@ class Options:
     def __post_init__(self):
         require(self.max_tokens >= 0, f"--max-tokens must be at least 1, or 0 for --length's (got {self.max_tokens})")
         check_sampling(self.max_tokens or 1, self.temperature, self.top_p, 0)
+        require(self.repeat_penalty > 0, f"--repeat-penalty must be above 0, e.g. 1.1 (got {self.repeat_penalty})")
         require(self.context == 0 or self.context >= 128,
                 f"--context must be 0 (the whole window) or at least 128 tokens (got {self.context})")
 
