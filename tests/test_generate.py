@@ -256,3 +256,21 @@ def test_lean_decoder_matches_transformers_token_for_token(tiny, monkeypatch):
     for llm in compact.values():  # rounded weights: close, not necessarily equal
         c, _ = _decode(llm, ids, max_tokens=30)
         assert len(c.token_ids) == 30 and c.token_ids[:3] == a.token_ids[:3]
+
+
+def test_repeat_penalty_and_token_mask_change_the_choice():
+    import torch
+
+    from pipelines.llm import Sampling, sample
+
+    logits = torch.tensor([0.0, 1.0, 3.0, 2.5])
+    gen = torch.Generator().manual_seed(0)
+    assert sample(logits, Sampling(), gen, [2]) == 2
+    assert sample(logits, Sampling(repeat_penalty=1.5), gen, [2]) == 3  # 3.0 / 1.5 < 2.5
+    allowed = torch.tensor([True, True, False, False])
+    assert sample(logits, Sampling(allowed=allowed), gen) == 1
+
+
+def test_bad_repeat_penalty_is_refused(tiny):
+    r = CliRunner().invoke(main, ["generate", "hi", "--repeat-penalty", "0", "--model", tiny, "-q"])
+    assert r.exit_code != 0 and "--repeat-penalty must be above 0" in r.output
