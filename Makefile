@@ -30,11 +30,17 @@ $(VENV)/.installed: pyproject.toml Makefile
 	touch $@
 
 demo: install
+	@mkdir -p out
 	$(RUN) tasks
-	$(RUN) embed -f samples/texts.txt
-	$(RUN) search "how long should a kitten stay with its mother?" "tallest volcano" --corpus samples/docs -k 2
-	$(RUN) classify -f samples/reviews.txt --labels positive,negative
-	$(RUN) logs -n 5
+	@echo "== the main job: meeting notes (transcribe -> summarize) on samples/meeting.wav"
+	$(RUN) chain meeting-notes samples/meeting.wav -o out/meeting-notes
+	$(RUN) ask "How many parameters does the Whisper tiny model have?" --docs samples/docs
+	$(RUN) search "how long should a kitten stay with its mother?" --corpus samples/docs -k 2
+	$(RUN) classify -f samples/reviews.txt --labels positive,negative -k 2
+	$(RUN) classify samples/images/cat.jpg samples/images/coffee.jpg -k 3
+	$(RUN) detect samples/images --landmarks --annotate out/faces.png
+	$(RUN) image "a handwritten 7" -n 4 -o out/seven.png
+	$(RUN) logs -n 10
 
 test: install
 	$(BIN)/python -m pytest -q

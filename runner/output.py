@@ -23,7 +23,9 @@ def fmt_value(v: Any) -> str:
             return f"{v:,.1f}"
         if abs(v) >= 1:
             return f"{v:.3f}"
-        return f"{v:.4f}"
+        if abs(v) >= 1e-3:
+            return f"{v:.4f}"
+        return f"{v:.3g}"  # a tiny cost or time keeps its significant digits
     return str(v)
 
 
