@@ -9,6 +9,7 @@ yielding :class:`Piece` objects whose times are relative to the samples it was g
 from __future__ import annotations
 
 import time
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -54,9 +55,12 @@ class _Stopwatch:
         self.t = time.perf_counter()
 
 
-def place(pieces: list[Piece] | Iterator[Piece], offset_s: float, end_s: float, floor_s: float) -> Iterator[Segment]:
-    """Pieces from a chunk starting at ``offset_s`` → file-time segments, kept inside
+def place(pieces: list[Piece] | Iterator[Piece], offset_s: float, end_s: float, floor_s: float,
+          timeline=None) -> Iterator[Segment]:
+    """Pieces from a chunk starting at ``offset_s`` (or mapped by ``timeline(t, is_end)`` when the
+    decoded audio was packed from several places) → file-time segments, kept inside
     [floor_s, end_s] and in order: Whisper's timestamps can run past the audio it was given."""
+    at = timeline or (lambda t, is_end=False: offset_s + t)
     t, last_raw = floor_s, 0.0
     for p in pieces:
         text = p.text.strip()
@@ -65,14 +69,14 @@ def place(pieces: list[Piece] | Iterator[Piece], offset_s: float, end_s: float, 
         if p.start + 1.0 < last_raw:  # a start that jumps back: the decoder restarted and is inventing
             continue
         last_raw = p.start
-        start = min(max(offset_s + p.start, t), end_s)
-        stop = end_s if p.end is None else min(max(offset_s + p.end, start), end_s)
+        start = min(max(at(p.start), t), end_s)
+        stop = end_s if p.end is None else min(max(at(p.end, True), start), end_s)
         words = None
         if p.words is not None:
             words, wt = [], start
             for ws, we, w, prob in p.words:
-                a = min(max(offset_s + ws, wt), stop)
-                b = min(max(offset_s + we, a), stop)
+                a = min(max(at(ws), wt), stop)
+                b = min(max(at(we, True), a), stop)
                 words.append(Word(round(a, 3), round(b, 3), w, round(float(prob), 4)))
                 wt = a
             words = tuple(words)
@@ -117,18 +121,23 @@ class SpeechPipeline(Pipeline):
             state = FileState(options.language)
             file_s = 0.0
             try:
-                for chunk in audio.chunked(audio.read_blocks(info.path, self.sample_rate), self.sample_rate,
-                                           options.chunk_s, min(SEAM_S, options.chunk_s / 3)):
-                    file_s = chunk.end_s
-                    for seg in self._decode_chunk(chunk, options, state, totals, segments):
+                chunks = audio.chunked(audio.read_blocks(info.path, self.sample_rate), self.sample_rate,
+                                       options.chunk_s, min(SEAM_S, options.chunk_s / 3))
+                for item in self._windows(chunks, options, totals):
+                    if isinstance(item, audio.Chunk):  # read so far: progress over the file
+                        file_s = item.end_s
+                        sw.pause()
+                        yield ev.Progress(round(min(done_s + file_s, total_s), 2), round(total_s, 2), "s", "audio")
+                        sw.resume()
+                        continue
+                    totals["chunks"] += 1
+                    floor = segments[-1].end if segments else 0.0
+                    for seg in place(self.decode(item.samples, options, state), 0.0, item.end_s, floor,
+                                     timeline=item.to_file):
                         segments.append(seg)
                         sw.pause()
                         yield ev.Partial(seg, i)
                         sw.resume()
-                    sw.pause()
-                    yield ev.Progress(round(min(done_s + chunk.end_s, total_s), 2), round(total_s, 2), "s",
-                                      "audio")
-                    sw.resume()
             except TaskError as exc:
                 sw.pause()
                 yield self._failed(inputs, i, exc)
@@ -169,21 +178,60 @@ class SpeechPipeline(Pipeline):
             raise TaskError(f"{inp.path} holds no audio samples (0 s); give a recording with sound in it")
         return info
 
-    def _decode_chunk(self, chunk: audio.Chunk, options, state: FileState, totals: dict,
-                      done: list[Segment]) -> Iterator[Segment]:
-        x, sr = chunk.samples, chunk.sr
-        lo, hi = 0, len(x)
-        if audio.is_silent(x):  # digital silence or near it: nothing to hear, even without VAD
-            return
-        if options.vad and sr == 16000:  # Silero runs at 16 kHz; other rates keep the level gate only
-            spans = audio.speech_spans(x, sr)
-            if not spans:
-                return
-            totals["speech"] += sum(b - a for a, b in spans) / sr
-            # Skip the silence before the first speech; keep the rest to the cut, which is already in
-            # a pause: audio that stops right after the last word invites Whisper to invent more.
-            lo = spans[0][0]
-        totals["chunks"] += 1
-        floor = done[-1].end if done else 0.0
-        pieces = self.decode(x[lo:hi], options, state)
-        yield from place(pieces, chunk.start_s + lo / sr, chunk.start_s + hi / sr, max(floor, chunk.start_s))
+    def _windows(self, chunks: Iterator[audio.Chunk], options, totals: dict) -> Iterator[Any]:
+        """What the model decodes: with VAD, the speech of consecutive chunks packed into windows
+        of at most chunk_s (as faster-whisper's vad_filter does, so pauses cost nothing); without,
+        each chunk that is not silent. Each chunk is also passed through, after its speech, to
+        report progress. Memory: one chunk plus one window."""
+        sr = self.sample_rate
+        limit = int(options.chunk_s * sr)
+        use_vad = options.vad and sr == 16000  # Silero runs at 16 kHz; other rates keep the level gate
+        pack = Window(sr)
+        for chunk in chunks:
+            x = chunk.samples
+            if not audio.is_silent(x):  # digital silence or near it: nothing to hear, even without VAD
+                spans = audio.speech_spans(x, sr) if use_vad else [(0, len(x))]
+                if use_vad:
+                    totals["speech"] += sum(b - a for a, b in spans) / sr
+                for a, b in spans:
+                    if pack.length and pack.length + (b - a) > limit:
+                        yield pack
+                        pack = Window(sr)
+                    pack.add(x[a:b].copy(), chunk.start + a)  # a copy: a view would keep the whole chunk
+                if not use_vad and pack.length:  # without VAD a chunk is a window: no packing
+                    yield pack
+                    pack = Window(sr)
+            yield chunk
+        if pack.length:
+            yield pack
+
+
+class Window:
+    """Pieces of a file's audio laid end to end for one decode, and the map back to file time."""
+
+    def __init__(self, sr: int) -> None:
+        self.sr = sr
+        self.parts: list[tuple[int, int, np.ndarray]] = []  # (start in window, start in file, samples)
+        self.length = 0
+
+    def add(self, samples: np.ndarray, file_start: int) -> None:
+        self.parts.append((self.length, file_start, samples))
+        self.length += len(samples)
+
+    @property
+    def samples(self) -> np.ndarray:
+        return np.concatenate([p[2] for p in self.parts]) if len(self.parts) > 1 else self.parts[0][2]
+
+    @property
+    def end_s(self) -> float:
+        w, f, x = self.parts[-1]
+        return (f + len(x)) / self.sr
+
+    def to_file(self, t: float, is_end: bool = False) -> float:
+        """Window seconds → file seconds. A time on a seam between two parts is the end of the
+        first when it ends a segment, the start of the second when it starts one."""
+        pos = t * self.sr
+        starts = [w for w, _, _ in self.parts]
+        k = max(0, (bisect_left(starts, pos) if is_end else bisect_right(starts, pos)) - 1)
+        w, f, x = self.parts[k]
+        return (f + min(max(pos - w, 0), len(x))) / self.sr

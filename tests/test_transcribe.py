@@ -107,6 +107,21 @@ def test_pieces_land_on_the_file_timeline_clamped_and_in_order():
     assert [(s.start, s.end, s.text) for s in segs] == [(60.0, 62.0, "a"), (62.0, 85.0, "b"), (85.0, 85.0, "c")]
 
 
+def test_packed_speech_maps_back_to_file_time():
+    from pipelines.speech import Window
+
+    w = Window(SR)
+    w.add(np.ones(2 * SR, np.float32), 10 * SR)  # window 0-2 s = file 10-12 s
+    w.add(np.ones(3 * SR, np.float32), 40 * SR)  # window 2-5 s = file 40-43 s
+    assert len(w.samples) == 5 * SR and w.end_s == 43.0
+    assert w.to_file(0.5) == 10.5 and w.to_file(3.0) == 41.0
+    assert w.to_file(2.0) == 40.0 and w.to_file(2.0, is_end=True) == 12.0  # a seam: start vs end
+    assert w.to_file(9.0, is_end=True) == 43.0  # past the audio: clamped
+    segs = list(place([Piece(0.2, 2.0, "a"), Piece(2.0, 4.0, "b"), Piece(4.0, None, "c")], 0.0, w.end_s, 0.0,
+                      timeline=w.to_file))
+    assert [(s.start, s.end) for s in segs] == [(10.2, 12.0), (40.0, 42.0), (42.0, 43.0)]
+
+
 def test_whisper_tokens_become_segments():
     begin, eot = 50363, 50256
     ts = lambda s: begin + int(round(s / 0.02))  # noqa: E731
