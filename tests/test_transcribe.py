@@ -424,3 +424,14 @@ def test_real_whisper_base_is_joined_once_and_detects_english(librivox, session_
     stamp = joined.stat().st_mtime_ns
     job(librivox[4][0], "--model", "whisper-base", "--beam-size", "1")
     assert joined.stat().st_mtime_ns == stamp
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("runtime", ["ctranslate2", "transformers"])
+def test_real_whisper_base_detects_german_and_translates(runtime):
+    path = SAMPLES / "guten-morgen.wav"  # espeak-ng: "Guten Morgen. Heute besprechen wir den Haushalt ..."
+    out = job(path, "--model", "whisper-base", "--runtime", runtime)
+    res = out["items"][0]["result"]
+    assert res["language"] == "de" and "guten morgen" in res["text"].lower()
+    out = job(path, "--model", "whisper-base", "--runtime", runtime, "--task", "translate")
+    assert "good morning" in out["items"][0]["result"]["text"].lower()
