@@ -14,9 +14,9 @@ _MODULES = {
     "embed": "tasks.embed",
     "search": "tasks.search",
     "classify": "tasks.classify",
-    "detect": "tasks.detect",
     "generate": "tasks.generate",
     "summarize": "tasks.summarize",
+    "detect": "tasks.detect",
     "transcribe": "tasks.transcribe",
     "image": "tasks.image",
 }

@@ -23,6 +23,11 @@ def isolated(tmp_path, session_cache, monkeypatch):
     monkeypatch.setenv("TASKRUN_LOG_DB", str(tmp_path / "runs.db"))
     monkeypatch.setenv("TASKRUN_CACHE_DIR", str(session_cache))
     monkeypatch.delenv("TASKRUN_DEBUG", raising=False)
+    # Each test runs in its own folder: anything written to "." (images, chain output) lands
+    # there, never in the checkout.
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
     yield
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -12,6 +13,8 @@ from runner.cli import main
 from runner.runlog import RunLog
 from tasks.base import TaskError
 from tests.tiny.generate import build
+
+SAMPLES = Path(__file__).resolve().parent.parent / "samples"
 
 
 def _chain(tmp_path, body: str) -> str:
@@ -89,7 +92,7 @@ def test_chain_runs_each_stage_as_a_linked_job(tiny_dir, tmp_path):
 def test_meeting_notes_on_a_real_clip(tmp_path):
     import soundfile as sf
 
-    audio, sr = sf.read("samples/meeting.wav")
+    audio, sr = sf.read(str(SAMPLES / "meeting.wav"))
     clip = tmp_path / "clip.wav"
     sf.write(clip, audio[: int(sr * 13)], sr)  # the first two sentences
     out = tmp_path / "notes"
@@ -108,7 +111,7 @@ def test_meeting_notes_on_a_real_clip(tmp_path):
 @pytest.mark.real
 def test_ask_answers_from_the_docs_with_sources(tmp_path):
     r = CliRunner().invoke(main, ["ask", "How many parameters does the Whisper tiny model have?",
-                                  "--docs", "samples/docs", "-o", str(tmp_path / "ask")])
+                                  "--docs", str(SAMPLES / "docs"), "-o", str(tmp_path / "ask")])
     assert r.exit_code == 0, r.output
     assert "39 million" in r.stdout and "Sources:" in r.stdout and "whisper.md" in r.stdout
     assert (tmp_path / "ask" / "passages.txt").read_text().startswith("[1]")
