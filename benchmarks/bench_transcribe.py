@@ -216,7 +216,8 @@ def main() -> None:
     for k, v in ratios.items():
         print(f"{k:<54} {v}")
     result = {"audio": str(AUDIO.relative_to(ROOT)), "audio_s": round(audio_s, 3), "model": "whisper-tiny.en",
-              "decoding": "ctranslate2/faster-whisper beam 5 + VAD; transformers greedy", "cpus": os.cpu_count(), "machine_busy": True, "paths": rows, "ratios": ratios,
+              "decoding": "ctranslate2/faster-whisper beam 5 + VAD; transformers greedy",
+              "cpus": os.cpu_count(), "machine_busy": True, "paths": rows, "ratios": ratios,
               "targets": {"taskrun_rtf": 0.05, "taskrun_ct2_speed_vs_faster_whisper": 0.95,
                           "taskrun_transformers_time_over_faster_whisper": 1.5}}
     if mem is not None:

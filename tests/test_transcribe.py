@@ -305,6 +305,14 @@ def test_bad_input_is_a_one_line_error(name, message, tmp_path, tiny_dir):
     assert message in r.output and "Traceback" not in r.output and "internal error" not in r.output
 
 
+def test_a_truncated_wav_gives_the_audio_that_is_there(tmp_path, tiny_dir):
+    good = (SAMPLES / "meeting.wav").read_bytes()
+    path = tmp_path / "cut.wav"
+    path.write_bytes(good[: 44 + 10 * SR * 2])  # the header still claims 61 s
+    out = job(path, "--model", build_ct2(tiny_dir))
+    assert out["items"][0]["result"]["audio_s"] == pytest.approx(10.0, abs=0.01)
+
+
 def test_a_bad_file_in_a_batch_does_not_stop_the_others(tmp_path, tiny_dir, speech):
     files = bad_files(tmp_path)
     r = invoke(files["rate0"], speech, "--model", build_ct2(tiny_dir), "--beam-size", "1", "-q")

@@ -57,8 +57,8 @@ def build_ct2(root: Path) -> Path:
     src = build(root)
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    TransformersConverter(str(src), copy_files=["tokenizer.json", "generation_config.json"]).convert(str(tmp), quantization="float32",
-                                                                           force=True)
+    converter = TransformersConverter(str(src), copy_files=["tokenizer.json", "generation_config.json"])
+    converter.convert(str(tmp), quantization="float32", force=True)
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)
     done(folder)
