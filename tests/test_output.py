@@ -28,6 +28,8 @@ def test_json_with_a_png_output_writes_the_png_and_prints_the_json(tmp_path):
 
 
 def test_an_image_output_with_another_suffix_is_refused(tmp_path):
-    r = CliRunner().invoke(main, ["image", "--label", "3", "--steps", "2", "-o", str(tmp_path / "x.jpg")])
+    out = tmp_path / "out"
+    out.mkdir()
+    r = CliRunner().invoke(main, ["image", "--label", "3", "--steps", "2", "-o", str(out / "x.jpg")])
     assert r.exit_code == 1 and "name the output x.png" in r.output
-    assert list(tmp_path.iterdir()) == []
+    assert list(out.iterdir()) == []
