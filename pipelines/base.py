@@ -8,6 +8,7 @@ with ``Done(metrics)``. The runner owns inference mode, timing of the load and t
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from typing import Any, Iterator
 
 from tasks.base import Input, ModelCard, TaskError
@@ -57,6 +58,30 @@ def configure_threads() -> None:
     except ImportError:
         pass
     _CONFIGURED = True
+
+
+@contextmanager
+def decode_threads(device: str):
+    """Run token-by-token decoding on one CPU thread (TASKRUN_DECODE_THREADS overrides).
+
+    A decode step is hundreds of tiny ops; with passive OpenMP waits each one pays a thread
+    wake-up, and with spinning waits a busy neighbour process steals the spinning core. Measured
+    on SmolLM2-135M on 2 cores (benchmarks/bench_generate.py): 2 passive threads 36 tok/s quiet,
+    45 busy; 1 thread 56 quiet, 54 busy; 2 spinning threads 64 quiet, 22 busy. Prefill is
+    compute-bound and keeps all threads.
+    """
+    import torch
+
+    n = int(os.environ.get("TASKRUN_DECODE_THREADS", "1"))
+    before = torch.get_num_threads()
+    switch = device == "cpu" and n > 0 and n != before
+    if switch:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if switch:
+            torch.set_num_threads(before)
 
 
 def resolve_device(device: str) -> str:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from pipelines import cached_model
-from pipelines.base import resolve_dtype
+from pipelines.base import decode_threads, resolve_dtype
 from tasks.base import ModelCard, TaskError
 
 
@@ -183,12 +183,13 @@ class LLM:
             f.reset()
             f.ensure(len(ids) + limit)
             logits = f.forward(torch.tensor(ids))
-            for i in range(limit):
-                token = sample(logits, s, gen, history)
-                history.append(token)
-                yield token
-                if i + 1 < limit:
-                    logits = f.forward(torch.tensor([token]))
+            with decode_threads(self.device):
+                for i in range(limit):
+                    token = sample(logits, s, gen, history)
+                    history.append(token)
+                    yield token
+                    if i + 1 < limit:
+                        logits = f.forward(torch.tensor([token]))
             return
         from transformers import DynamicCache
 
@@ -198,14 +199,15 @@ class LLM:
         model = torch.inference_mode()(model)  # no autograd records, even outside the runner
         logits = model(input_ids=torch.tensor([ids], device=dev), cache=cache, use_cache=True,
                        position_ids=pos[None], logits_to_keep=1).logits[0, -1]
-        for i in range(limit):
-            token = sample(logits, s, gen, history)
-            history.append(token)
-            yield token
-            if i + 1 < limit:
-                p = torch.tensor([[len(ids) + i]], device=dev)
-                logits = model(input_ids=torch.tensor([[token]], device=dev), cache=cache, use_cache=True,
-                               position_ids=p).logits[0, -1]
+        with decode_threads(self.device):
+            for i in range(limit):
+                token = sample(logits, s, gen, history)
+                history.append(token)
+                yield token
+                if i + 1 < limit:
+                    p = torch.tensor([[len(ids) + i]], device=dev)
+                    logits = model(input_ids=torch.tensor([[token]], device=dev), cache=cache,
+                                   use_cache=True, position_ids=p).logits[0, -1]
 
 
 def _partial_stop(text: str, stops: tuple[str, ...], holdback: int) -> int:
