@@ -39,6 +39,7 @@ class FileState:
     """What a decoder may carry from one chunk of a file to the next (the detected language)."""
 
     language: str | None
+    previous: str = ""  # the text decoded so far (its tail prompts the next window, as Whisper does)
 
 
 class _Stopwatch:
@@ -135,6 +136,7 @@ class SpeechPipeline(Pipeline):
                     for seg in place(self.decode(item.samples, options, state), 0.0, item.end_s, floor,
                                      timeline=item.to_file):
                         segments.append(seg)
+                        state.previous = (state.previous + " " + seg.text)[-400:]
                         sw.pause()
                         yield ev.Partial(seg, i)
                         sw.resume()

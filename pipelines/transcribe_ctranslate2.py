@@ -118,7 +118,10 @@ class Pipeline(SpeechPipeline):
             samples, language=language, task=options.task, beam_size=options.beam_size or 5,
             vad_filter=False,  # taskrun's own VAD already trimmed this chunk
             word_timestamps=options.word_timestamps, without_timestamps=False,
-            condition_on_previous_text=True, max_new_tokens=self.max_new_tokens)
+            condition_on_previous_text=True, max_new_tokens=self.max_new_tokens,
+            # The previous window's words, so that each window continues the file's text the way
+            # faster-whisper's own loop conditions on what it decoded before.
+            initial_prompt=state.previous.strip() or None)
         if state.language is None:  # detected once per file, then kept for every chunk
             state.language = info.language
         for s in segments:

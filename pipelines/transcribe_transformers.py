@@ -141,6 +141,9 @@ class Pipeline(SpeechPipeline):
                 lang_id = int(self.model.detect_language(feats)[0])
                 state.language = self.processor.tokenizer.convert_ids_to_tokens(lang_id).strip("<|>")
             kwargs = {"language": state.language, "task": options.task}
+        if state.previous.strip():  # continue the file's text, as the ctranslate2 runtime does
+            kwargs["prompt_ids"] = self.processor.get_prompt_ids(state.previous.strip(), return_tensors="pt") \
+                .to(self.device)
         torch.manual_seed(0)  # a temperature fallback samples: the same audio gives the same text
         with torch.inference_mode():
             out = self.model.generate(feats, return_timestamps=True, num_beams=options.beam_size or 1,
