@@ -48,8 +48,14 @@ test: install
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not real"
 
+# Side-by-side against the plain libraries, same process, interleaved; results in benchmarks/results/.
+# Run on a quiet machine: read the ratios, not the absolute numbers.
 bench: install
-	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/bench_embed.py
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/bench_vision.py
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/bench_image.py
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/bench_transcribe.py --memory
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/bench_generate.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
