@@ -61,9 +61,10 @@ def execute(task: Task, *, inputs, files, values, model, runtime, device, dtype,
         prev = records[-1]
         if not prev.items:
             break
+        prev_task = get_task(prev.task)
         handoff = [Input(source=f"{prev.task} of {it.source}", kind=nxt.input_kinds[0],
                          text=prev_task.handoff(it.result))
-                   for prev_task in [get_task(prev.task)] for it in sorted(prev.items, key=lambda x: x.index)]
+                   for it in sorted(prev.items, key=lambda x: x.index)]
         empty = [h.source for h in handoff if not (h.text or "").strip()]
         if empty:
             raise TaskError(f"{prev.task} produced no text to hand to {nxt.name} ({', '.join(empty)}); "
@@ -73,10 +74,12 @@ def execute(task: Task, *, inputs, files, values, model, runtime, device, dtype,
         printer.options = opts
         if not quiet and not json_mode:
             click.secho(f"\n── {nxt.name} ──", err=True, bold=True)
-        rec_n = run_job(nxt, lambda h=handoff: h, opts, model=then_models[i - 1], device=device, dtype=dtype,
-                        offline=offline,
-                        log=log, on_event=printer, chain_id=chain_id, stage=i)
-        printer.close()
+        try:
+            rec_n = run_job(nxt, lambda h=handoff: h, opts, model=then_models[i - 1], device=device,
+                            dtype=dtype, offline=offline, log=log, on_event=printer, chain_id=chain_id,
+                            stage=i)
+        finally:
+            printer.close()
         _emit(nxt, rec_n, None, None, json_mode, quiet)
         records.append(rec_n)
     failed = sum(len(r.errors) for r in records)
