@@ -34,7 +34,7 @@ demo: install
 	$(RUN) tasks
 	@echo "== the main job: meeting notes (transcribe -> summarize) on samples/meeting.wav"
 	$(RUN) chain meeting-notes samples/meeting.wav -o out/meeting-notes
-	$(RUN) ask "How many parameters does the Whisper tiny model have?" --docs samples/docs
+	$(RUN) ask "How many parameters does the Whisper tiny model have?" --docs samples/docs -o out/ask-docs
 	$(RUN) search "how long should a kitten stay with its mother?" --corpus samples/docs -k 2
 	$(RUN) classify -f samples/reviews.txt --labels positive,negative -k 2
 	$(RUN) classify samples/images/cat.jpg samples/images/coffee.jpg -k 3

@@ -54,7 +54,7 @@ class Pipeline(Base):
             prefill_s=sum(st["prefill_s"] for st in stages),
             decode_tokens_per_s=n_dec / t_dec if t_dec > 0 else 0.0,
             finish_reason=last.finish_reason if last else "",
-            chunks=total_chunks, stage_list=stages))
+            chunks=total_chunks, stages=stages))
 
     def _one(self, index, text, options, clock, stages):
         """Summarise one text; yields the final pass's tokens, returns (Summary, its Decoded)."""

@@ -69,7 +69,7 @@ class Metrics:
     decode_tokens_per_s: float = metric("tokens after each stage's first ÷ their decode time, all stages")
     finish_reason: str = metric("why the final summary ended: stop, length or stop_sequence", "")
     chunks: int = metric("chunks the input was split into (1: it fitted)", 0)
-    stage_list: list = metric("per stage: kind (map1, map2, final), chunk, input/output tokens, prefill_s, "
+    stages: list = metric("per stage: kind (map1, map2, final), chunk, input/output tokens, prefill_s, "
                               "decode_s, decode_steps, finish_reason", None)
 
 

@@ -188,10 +188,10 @@ def test_summarize_map_reduce_keeps_each_stage(tiny):
                   make_options(task.Options, {"max_tokens": 8, "context": 160}), model=tiny)
     res, m = rec.results[0], rec.metrics
     assert res.chunks > 1 and m.chunks == res.chunks
-    assert [s["stage"] for s in m.stage_list][-1] == "final"
-    assert sum(1 for s in m.stage_list if s["stage"] == "map1") == res.chunks
-    assert m.output_tokens == sum(s["output_tokens"] for s in m.stage_list)
-    assert all(s["input_tokens"] + 8 <= 160 for s in m.stage_list)
+    assert [s["stage"] for s in m.stages][-1] == "final"
+    assert sum(1 for s in m.stages if s["stage"] == "map1") == res.chunks
+    assert m.output_tokens == sum(s["output_tokens"] for s in m.stages)
+    assert all(s["input_tokens"] + 8 <= 160 for s in m.stages)
 
 
 def test_summarize_short_text_is_one_pass(tiny):
@@ -199,7 +199,7 @@ def test_summarize_short_text_is_one_pass(tiny):
                                   "--max-tokens", "5", "--json", "-q"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
-    assert out["items"][0]["result"]["chunks"] == 1 and len(out["metrics"]["stage_list"]) == 1
+    assert out["items"][0]["result"]["chunks"] == 1 and len(out["metrics"]["stages"]) == 1
 
 
 def test_fit_reads_only_the_config(tiny):
