@@ -29,7 +29,10 @@ class TextEncoder:
         self.torch_dtype, self.dtype = resolve_dtype(dtype, self.device, auto_dtype(self.device, prefer_bf16=True))
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(card.path)
-            self.model = AutoModel.from_pretrained(card.path, dtype=self.torch_dtype).to(self.device).eval()
+            # On CPU, sentence-length sequences are too short for SDPA's flash kernel to pay:
+            # eager attention measured ~4% faster end to end (a fifth of the time is attention).
+            attn = {"attn_implementation": "eager"} if self.device == "cpu" else {}
+            self.model = AutoModel.from_pretrained(card.path, dtype=self.torch_dtype, **attn).to(self.device).eval()
         except (OSError, ValueError, json.JSONDecodeError) as exc:
             raise TaskError(f"could not load {card.name} from {card.path}: {str(exc).splitlines()[0]}; "
                             f"the folder may be corrupt or incomplete: re-install or re-download it") from None
