@@ -346,25 +346,20 @@ def _is_gguf(card: ModelCard) -> bool:
 
 
 def _gguf_shape(card: ModelCard) -> dict:
-    from gguf import GGUFReader
-
     from pipelines.gguf_convert import gguf_file
+    from pipelines.resolve import gguf_metadata
 
-    r = GGUFReader(str(gguf_file(card)))
+    meta = gguf_metadata(gguf_file(card), tensors=True)  # the header only: milliseconds, not seconds
+    arch = meta.get("general.architecture")
 
     def field(key, default=None):
-        f = r.fields.get(key)
-        if f is None:
-            return default
-        v = f.parts[f.data[0]]
-        return bytes(v).decode() if f.types and f.types[0].name == "STRING" else int(v[0])
+        return meta.get(f"{arch}.{key}", default)
 
-    arch = field("general.architecture")
-    heads = field(f"{arch}.attention.head_count")
-    return {"params": int(sum(int(t.n_elements) for t in r.tensors)), "layers": field(f"{arch}.block_count"),
-            "hidden": field(f"{arch}.embedding_length"), "heads": heads,
-            "kv_heads": field(f"{arch}.attention.head_count_kv", heads),
-            "ffn": field(f"{arch}.feed_forward_length", 0), "max_context": field(f"{arch}.context_length", 0)}
+    heads = field("attention.head_count")
+    return {"params": int(meta["taskrun.parameters"]), "layers": field("block_count"),
+            "hidden": field("embedding_length"), "heads": heads,
+            "kv_heads": field("attention.head_count_kv", heads),
+            "ffn": field("feed_forward_length", 0), "max_context": field("context_length", 0)}
 
 
 def _hf_shape(card: ModelCard) -> dict:

@@ -155,11 +155,12 @@ _GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 
                  12: "<d"}
 
 
-def gguf_metadata(path: Path) -> dict:
+def gguf_metadata(path: Path, tensors: bool = False) -> dict:
     """The key/value header of a GGUF file (strings and numbers; arrays are skipped).
 
     gguf's GGUFReader maps and indexes every tensor, which takes seconds on a 100 MB file; the
-    header alone is a few KB and is all that resolution and `run fit` need.
+    header alone is a few KB and is all that resolution and `run fit` need. ``tensors=True`` also
+    reads the tensor table and adds the parameter count as ``taskrun.parameters``.
     """
     import struct
 
@@ -194,7 +195,7 @@ def gguf_metadata(path: Path) -> dict:
             if f.read(4) != b"GGUF":
                 raise ValueError("no GGUF magic")
             read(f, "<I")  # version
-            read(f, "<Q")  # tensor count
+            n_tensors = read(f, "<Q")
             for _ in range(read(f, "<Q")):
                 key, vtype = read_str(f), read(f, "<I")
                 if vtype in _GGUF_SCALARS:
@@ -203,6 +204,16 @@ def gguf_metadata(path: Path) -> dict:
                     out[key] = read_str(f)
                 else:
                     skip_value(f, vtype)
+            if tensors:  # the tensor table follows: name, dims, type, offset for each
+                total = 0
+                for _ in range(n_tensors):
+                    read_str(f)
+                    n = 1
+                    for _ in range(read(f, "<I")):
+                        n *= read(f, "<Q")
+                    f.seek(4 + 8, 1)
+                    total += n
+                out["taskrun.parameters"] = total
     except (OSError, EOFError, ValueError, struct.error) as exc:
         raise TaskError(f"{path} is not a readable GGUF file ({exc or 'truncated'}); re-download it") from None
     return out
