@@ -18,7 +18,7 @@ import click
 
 from tasks import REGISTRY, get_task
 from tasks.base import Input, Task, TaskError, make_options
-from tasks.inputs import expand_folder, file_input, lines_of, read_text_file, text_input
+from tasks.inputs import expand_folder, file_input, lines_of, text_input
 
 # Commands that live in their own modules ("module:attribute"), imported only when used.
 EXTRA_COMMANDS: dict[str, str] = {
@@ -29,8 +29,6 @@ EXTRA_COMMANDS: dict[str, str] = {
     "ask": "runner.llm_cli:ask_cmd",
     "fit": "runner.llm_cli:fit_cmd",
 }
-
-COMMON_HELP = "Common options: --model, --runtime, --device, --dtype, --json, --format, -o, --offline."
 
 
 def debug() -> bool:
@@ -212,7 +210,7 @@ def gather_inputs(task: Task, args: tuple[str, ...], files: tuple[str, ...]) -> 
         else:
             raise TaskError(f"{arg}: no such file; {task.name} takes {task.takes}")
     for f in files:
-        out += _path_inputs(task, Path(f), from_file_option=True)
+        out += _path_inputs(task, Path(f))
     if not args and not files and not sys.stdin.isatty():
         data = sys.stdin.read()
         if data.strip():
@@ -236,7 +234,7 @@ def _is_path(arg: str) -> bool:
         return False
 
 
-def _path_inputs(task: Task, p: Path, from_file_option: bool = False) -> list[Input]:
+def _path_inputs(task: Task, p: Path) -> list[Input]:
     if p.is_dir():
         # A folder given to a task that takes files (images, audio) means those files: notes
         # or READMEs beside the photos are not inputs.
@@ -259,4 +257,4 @@ def options_from(task: Task, values: dict[str, Any]) -> Any:
     return make_options(task.Options, given)
 
 
-__all__ = ["main", "gather_inputs", "options_from", "read_text_file"]
+__all__ = ["main", "gather_inputs", "options_from"]

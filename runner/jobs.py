@@ -123,6 +123,8 @@ def run_job(task: Task, get_inputs: Callable[[], list[Input]], options: Any | Ca
         inputs = get_inputs()
         if not inputs and task.inputs_required:
             raise TaskError(f"no input given; {task.name} takes {task.takes}")
+        if len(inputs) > 1 and not task.batch:
+            raise TaskError(f"{task.name} takes one input per job, got {len(inputs)}; run it once for each")
         rec.n_inputs = len(inputs)
         rec.input_digest = input_digest(inputs)
         _run(task, inputs, rec, clock, emit, model=model, runtime=runtime, device=device,

@@ -12,7 +12,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Sequence
+from typing import Any, Sequence
 
 
 class TaskError(Exception):
@@ -162,11 +162,9 @@ class Task:
     formats: tuple[str, ...] = ("text", "json")  # for --format
     produces: str | None = None  # kind handed to a next chain step ("text"), None if nothing
     text_file: str = "lines"  # how a text file is read by -f: "lines" (one input each) or "whole"
-    batch: bool = True  # accepts several inputs in one job
+    batch: bool = True  # accepts several inputs in one job (False: the runner refuses a second)
     inputs_required: bool = True  # False: the task may run with no input (an unconditional model)
     writes_files: str | None = None  # a format whose files are the result itself (png): written in every mode
-
-    registry_note: ClassVar[str] = ""
 
     def check(self, inputs: list[Input], options: Any, card: ModelCard) -> None:
         """Refuse task × model × input mismatches before any weights load."""

@@ -1,8 +1,8 @@
 """One clock for every task, so that every ``*_s`` metric means the same thing.
 
 ``Clock`` starts when the job starts. ``scope(name)`` adds the time spent inside a ``with``
-block to a named total; ``mark(name)`` remembers the first moment something happened
-(first token, first segment) relative to the job's start.
+block to a named total; ``now()`` is the time since the job started (the first token's
+``ttft_s`` is read from it).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ class Clock:
     def __init__(self) -> None:
         self.t0 = time.perf_counter()
         self.totals: dict[str, float] = {}
-        self.marks: dict[str, float] = {}
 
     def now(self) -> float:
         """Seconds since the job started."""
@@ -35,21 +34,3 @@ class Clock:
 
     def total(self, name: str) -> float:
         return self.totals.get(name, 0.0)
-
-    def mark(self, name: str) -> float:
-        """Record the first time ``name`` happens; later calls keep the first value."""
-        if name not in self.marks:
-            self.marks[name] = self.now()
-        return self.marks[name]
-
-
-class Timer:
-    """A stopwatch for a pipeline's inner loops: ``t = Timer(); ...; t.lap()`` gives seconds."""
-
-    def __init__(self) -> None:
-        self.t = time.perf_counter()
-
-    def lap(self) -> float:
-        now = time.perf_counter()
-        dt, self.t = now - self.t, now
-        return dt

@@ -33,3 +33,11 @@ def test_an_image_output_with_another_suffix_is_refused(tmp_path):
     r = CliRunner().invoke(main, ["image", "--label", "3", "--steps", "2", "-o", str(out / "x.jpg")])
     assert r.exit_code == 1 and "name the output x.png" in r.output
     assert list(out.iterdir()) == []
+
+
+def test_a_one_input_task_refuses_a_second_input_instead_of_dropping_it(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    r = CliRunner().invoke(main, ["image", "a 3", "a 7", "--steps", "2", "--out-dir", str(out)])
+    assert r.exit_code == 1 and "image takes one input per job, got 2" in r.output
+    assert list(out.iterdir()) == []
