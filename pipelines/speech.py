@@ -99,8 +99,24 @@ class SpeechPipeline(Pipeline):
     def default_language(self) -> str:
         return "en"
 
+    multilingual = False  # a runtime says whether its loaded model knows several languages
+
+    def languages(self) -> list[str]:
+        """Language codes the model knows (multilingual models)."""
+        return []
+
     def check_options(self, options: Any) -> None:
         """Refuse options this model cannot honour (before any audio is read)."""
+        if not self.multilingual:
+            if options.language not in (None, "en"):
+                raise TaskError(f"`{self.card.name}` is English-only; for --language {options.language} "
+                                f"use a multilingual model such as whisper-base")
+            if options.task == "translate":
+                raise TaskError(f"`{self.card.name}` is English-only and cannot translate; use a "
+                                f"multilingual model such as whisper-base with --task translate")
+        elif options.language and options.language not in self.languages():
+            raise TaskError(f"`{self.card.name}` does not know language '{options.language}'; it knows "
+                            f"{', '.join(self.languages()[:12])}, ...")
 
     def run(self, inputs, options, clock):
         self.check_options(options)

@@ -97,20 +97,8 @@ class Pipeline(SpeechPipeline):
     def multilingual(self) -> bool:
         return bool(self.model.model.is_multilingual)
 
-    def default_language(self) -> str:
-        return "en"
-
-    def check_options(self, options) -> None:
-        if not self.multilingual:
-            if options.language not in (None, "en"):
-                raise TaskError(f"`{self.card.name}` is English-only; for --language {options.language} "
-                                f"use a multilingual model such as whisper-base")
-            if options.task == "translate":
-                raise TaskError(f"`{self.card.name}` is English-only and cannot translate; use a "
-                                f"multilingual model such as whisper-base with --task translate")
-        elif options.language and options.language not in self.model.supported_languages:
-            raise TaskError(f"`{self.card.name}` does not know language '{options.language}'; it knows "
-                            f"{', '.join(self.model.supported_languages[:12])}, ...")
+    def languages(self) -> list[str]:
+        return list(self.model.supported_languages)
 
     def decode(self, samples, options, state: FileState):
         language = state.language or (None if self.multilingual else "en")

@@ -110,20 +110,10 @@ class Pipeline(SpeechPipeline):
             if options.task == "translate":
                 raise TaskError(f"`{self.card.name}` is a CTC model and cannot translate; use a multilingual Whisper")
             return
-        if not self.multilingual:
-            if options.language not in (None, "en"):
-                raise TaskError(f"`{self.card.name}` is English-only; for --language {options.language} "
-                                f"use a multilingual model such as whisper-base")
-            if options.task == "translate":
-                raise TaskError(f"`{self.card.name}` is English-only and cannot translate; use a "
-                                f"multilingual model such as whisper-base with --task translate")
-        elif options.language:
-            known = self.model.generation_config.lang_to_id
-            if f"<|{options.language}|>" not in known:
-                raise TaskError(f"`{self.card.name}` does not know language '{options.language}'")
+        super().check_options(options)
 
-    def default_language(self) -> str:
-        return "en"
+    def languages(self) -> list[str]:
+        return [tok.strip("<|>") for tok in self.model.generation_config.lang_to_id]
 
     def decode(self, samples, options, state: FileState):
         return self._ctc(samples) if self.ctc else self._whisper(samples, options, state)
