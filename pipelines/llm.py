@@ -173,41 +173,45 @@ class LLM:
 
     def _tokens(self, ids: list[int], limit: int, s: Sampling, gen) -> Iterator[int]:
         """Token ids, one per forward pass: prefill, then single-token steps on the KV cache."""
-        import torch
-
         if limit <= 0:
             return
+        prefill, step = self._forwards(ids, limit)
+        logits = prefill()
         history: list[int] = []
-        if self.fast is not None:
-            f = self.fast
-            f.reset()
-            f.ensure(len(ids) + limit)
-            logits = f.forward(torch.tensor(ids))
-            with decode_threads(self.device):
-                for i in range(limit):
-                    token = sample(logits, s, gen, history)
-                    history.append(token)
-                    yield token
-                    if i + 1 < limit:
-                        logits = f.forward(torch.tensor([token]))
-            return
-        from transformers import DynamicCache
-
-        model, dev = self.model, self.device
-        cache = DynamicCache(config=model.config)
-        pos = torch.arange(len(ids), device=dev)
-        model = torch.inference_mode()(model)  # no autograd records, even outside the runner
-        logits = model(input_ids=torch.tensor([ids], device=dev), cache=cache, use_cache=True,
-                       position_ids=pos[None], logits_to_keep=1).logits[0, -1]
         with decode_threads(self.device):
             for i in range(limit):
                 token = sample(logits, s, gen, history)
                 history.append(token)
                 yield token
                 if i + 1 < limit:
-                    p = torch.tensor([[len(ids) + i]], device=dev)
-                    logits = model(input_ids=torch.tensor([[token]], device=dev), cache=cache,
-                                   use_cache=True, position_ids=p).logits[0, -1]
+                    logits = step(token, len(ids) + i)
+
+    def _forwards(self, ids: list[int], limit: int):
+        """(prefill() → last logits, step(token, position) → logits) for this runtime's model:
+        the lean Llama pass when there is one, else transformers with a KV cache."""
+        import torch
+
+        if self.fast is not None:
+            f = self.fast
+            f.reset()
+            f.ensure(len(ids) + limit)
+            return (lambda: f.forward(torch.tensor(ids)),
+                    lambda token, pos: f.forward(torch.tensor([token])))
+        from transformers import DynamicCache
+
+        dev, cache = self.device, DynamicCache(config=self.model.config)
+        model = torch.inference_mode()(self.model)  # no autograd records, even outside the runner
+
+        def prefill():
+            pos = torch.arange(len(ids), device=dev)[None]
+            return model(input_ids=torch.tensor([ids], device=dev), cache=cache, use_cache=True,
+                         position_ids=pos, logits_to_keep=1).logits[0, -1]
+
+        def step(token, pos):
+            return model(input_ids=torch.tensor([[token]], device=dev), cache=cache, use_cache=True,
+                         position_ids=torch.tensor([[pos]], device=dev)).logits[0, -1]
+
+        return prefill, step
 
 
 def _partial_stop(text: str, stops: tuple[str, ...], holdback: int) -> int:
