@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -30,24 +29,10 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+from pipelines.wer import wer  # noqa: E402  (after the path is set)
+
 AUDIO = ROOT / "samples" / "meeting.wav"
 REFERENCE = (ROOT / "samples" / "meeting.txt").read_text()
-
-
-def words_of(text: str) -> list[str]:
-    nums = {"4": "four", "5": "five", "7": "seven", "8": "eight", "10": "ten"}
-    text = text.lower().replace("mr.", "mister").replace("-", " ")
-    return [nums.get(w, w) for w in re.findall(r"[a-z0-9']+", text)]
-
-
-def wer(ref: str, hyp: str) -> float:
-    r, h = words_of(ref), words_of(hyp)
-    d = list(range(len(h) + 1))
-    for i in range(1, len(r) + 1):
-        prev, d[0] = d[0], i
-        for j in range(1, len(h) + 1):
-            prev, d[j] = d[j], min(d[j] + 1, d[j - 1] + 1, prev + (r[i - 1] != h[j - 1]))
-    return d[len(h)] / max(1, len(r))
 
 
 # --------------------------------------------------------------------------- the four paths

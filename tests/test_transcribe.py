@@ -4,7 +4,6 @@ random Whisper; the real tiny.en on both runtimes for accuracy (marked real)."""
 from __future__ import annotations
 
 import json
-import re
 import struct
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from click.testing import CliRunner
 from pipelines import audio
 from pipelines.speech import Piece, place
 from pipelines.transcribe_transformers import ctc_segments, whisper_segments
+from pipelines.wer import wer
 from runner.cli import main
 from tasks.base import TaskError, make_options
 from tasks.transcribe import Options, Segment, Transcript, clock, to_srt, to_txt, to_vtt
@@ -337,26 +337,6 @@ def test_handoff_is_the_transcript_text():
 
 
 # --------------------------------------------------------------------------- real tiny.en
-
-
-def words_of(text: str) -> list[str]:
-    """Lowercase words without punctuation; numerals as words and Mr. as mister, as the
-    LibriVox and CMU references spell them."""
-    nums = {"0": "zero", "1": "one", "2": "two", "3": "three", "4": "four", "5": "five", "6": "six",
-            "7": "seven", "8": "eight", "9": "nine", "10": "ten"}
-    text = text.lower().replace("mr.", "mister").replace("-", " ")
-    return [nums.get(w, w) for w in re.findall(r"[a-z0-9']+", text)]
-
-
-def wer(ref: str, hyp: str) -> float:
-    """Word error rate: (substitutions + deletions + insertions) ÷ reference words."""
-    r, h = words_of(ref), words_of(hyp)
-    d = list(range(len(h) + 1))
-    for i in range(1, len(r) + 1):
-        prev, d[0] = d[0], i
-        for j in range(1, len(h) + 1):
-            prev, d[j] = d[j], min(d[j] + 1, d[j - 1] + 1, prev + (r[i - 1] != h[j - 1]))
-    return d[len(h)] / max(1, len(r))
 
 
 def test_wer_function():
