@@ -50,15 +50,18 @@ class Pipeline(Base):
             passages, vecs, cached = self.index(Path(options.corpus), options)
         index_s = time.perf_counter() - t0
         t1 = time.perf_counter()
-        with clock.scope("query"):
+        with clock.scope("query"):  # ranked before anything is yielded: the consumer's time is not in it
             qvecs, _, _ = self.encoder.encode([inp.text for inp in inputs], options.batch_size)
             scores = qvecs @ vecs.T
-        for i, inp in enumerate(inputs):
-            top = np.argsort(-scores[i])[: options.top_k]
-            hits = [Hit(score=float(scores[i, j]), text=passages[j].text, file=passages[j].file,
-                        line_start=passages[j].line_start, line_end=passages[j].line_end) for j in top]
-            yield ev.Item(i, inp.source, Result(query=inp.text, hits=hits))
+            results = []
+            for i, inp in enumerate(inputs):
+                top = np.argsort(-scores[i])[: options.top_k]
+                results.append(Result(query=inp.text, hits=[
+                    Hit(score=float(scores[i, j]), text=passages[j].text, file=passages[j].file,
+                        line_start=passages[j].line_start, line_end=passages[j].line_end) for j in top]))
         query_s = time.perf_counter() - t1
+        for i, (inp, res) in enumerate(zip(inputs, results)):
+            yield ev.Item(i, inp.source, res)
         yield ev.Done(Metrics(items=len(inputs), passages=len(passages),
                               embedded_passages=0 if cached else len(passages), corpus_cached=cached,
                               index_s=index_s, query_s=query_s,
