@@ -4,12 +4,12 @@ batches with per-image failures, progress, timing, and a few tensor helpers."""
 from __future__ import annotations
 
 import os
-import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator
 
 from tasks import events as ev
 from tasks.base import TaskError
+from tasks.clock import timed
 from tasks.images import load_images
 
 # process(batch of (index, RGB image)) → yields (index, result) or ev.ItemError
@@ -37,25 +37,28 @@ def run_batches(inputs: list, batch_size: int, process: Process, stats: dict,
             good = [(i, prepare(img)) for i, img in good]
         return good, bad
 
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="taskrun-decode") as pool:
-        pending = pool.submit(load, starts[0]) if starts else None
-        for k, start in enumerate(starts):
-            good, bad = pending.result()
-            if k + 1 < len(starts):
-                pending = pool.submit(load, starts[k + 1])
-            yield from bad
-            for out in _guarded(process, good, inputs) if good else ():
-                if isinstance(out, ev.ItemError):
-                    yield out
-                else:
-                    index, result = out
-                    ok += 1
-                    yield ev.Item(index, inputs[index].describe(), result)
-            done = min(start + batch_size, total)
-            yield ev.Progress(done, total, "images")
+    def work() -> Iterator[Any]:
+        nonlocal ok
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="taskrun-decode") as pool:
+            pending = pool.submit(load, starts[0]) if starts else None
+            for k, start in enumerate(starts):
+                good, bad = pending.result()
+                if k + 1 < len(starts):
+                    pending = pool.submit(load, starts[k + 1])
+                yield from bad
+                for out in _guarded(process, good, inputs) if good else ():
+                    if isinstance(out, ev.ItemError):
+                        yield out
+                    else:
+                        index, result = out
+                        ok += 1
+                        yield ev.Item(index, inputs[index].describe(), result)
+                yield ev.Progress(min(start + batch_size, total), total, "images")
+
+    # seconds: this pipeline's own work, not the time the runner spends printing each item
+    stats["seconds"] = 0.0
+    yield from timed(work(), lambda s: stats.__setitem__("seconds", stats["seconds"] + s))
     stats["items"] = ok
-    stats["seconds"] = time.perf_counter() - t0
 
 
 def _guarded(process: Process, good: list, inputs: list) -> list:

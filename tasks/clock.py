@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 
 class Clock:
@@ -34,3 +34,18 @@ class Clock:
 
     def total(self, name: str) -> float:
         return self.totals.get(name, 0.0)
+
+
+def timed(gen, add: Callable[[float], Any]) -> Iterator[Any]:
+    """Yield what ``gen`` yields, passing ``add`` the seconds spent inside ``gen`` only: the time
+    the consumer holds each item (printing it, drawing a bar) is not the pipeline's work."""
+    it = iter(gen)
+    while True:
+        t = time.perf_counter()
+        try:
+            item = next(it)
+        except StopIteration as stop:
+            add(time.perf_counter() - t)
+            return stop.value
+        add(time.perf_counter() - t)
+        yield item
