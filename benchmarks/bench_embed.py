@@ -46,16 +46,16 @@ def main() -> None:
     if args.quick:
         args.n, args.rounds = 300, 1
 
-    from pipelines.base import configure_threads
+    from taskrun.pipelines.device import configure_threads
     configure_threads()
     import numpy as np
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from pipelines.resolve import resolve
-    from runner.jobs import run_job
-    from tasks import get_task
-    from tasks.base import Input
+    from taskrun.models.resolve import resolve
+    from taskrun.runner.jobs import run_job
+    from taskrun.tasks import get_task
+    from taskrun.tasks.base import Input
 
     texts = sentences(args.n)
     card = resolve("minilm")

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from pipelines.base import configure_threads  # noqa: E402
+from taskrun.pipelines.device import configure_threads  # noqa: E402
 
 configure_threads()  # OMP_WAIT_POLICY=PASSIVE before torch loads, as the runner does
 
@@ -89,8 +89,8 @@ def run_plain(model, tok, n):
 
 
 def run_taskrun(llm, n):
-    from pipelines.llm import Decoded, Sampling
-    from tasks.clock import Clock
+    from taskrun.pipelines.llm.engine import Decoded, Sampling
+    from taskrun.tasks.clock import Clock
 
     ids = llm.prompt_ids(PROMPT)
     out = Decoded()
@@ -114,8 +114,8 @@ def top1_agreement(ref_model, llm, text_ids) -> float:
 
 def neighbour_child(n: int) -> None:
     """One measurement in a fresh process (the wait policy is read when torch loads)."""
-    from pipelines.llm import load_llm
-    from pipelines.resolve import resolve
+    from taskrun.pipelines.llm.engine import load_llm
+    from taskrun.models.resolve import resolve
 
     llm = load_llm(resolve("smollm2-135m"), "cpu", "auto")
     run_taskrun(llm, 8)  # warm-up
@@ -165,9 +165,9 @@ def main() -> None:
         return
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pipelines.gguf_convert import ensure_converted
-    from pipelines.llm import load_llm
-    from pipelines.resolve import resolve
+    from taskrun.pipelines.llm.gguf_convert import ensure_converted
+    from taskrun.pipelines.llm.engine import load_llm
+    from taskrun.models.resolve import resolve
 
     n, reps = (32, 2) if args.quick else (64, 4)
     card = resolve("smollm2-135m")
@@ -190,7 +190,7 @@ def main() -> None:
         runs["taskrun_float32"].append(run_taskrun(exact, n))
     bw = statistics.median(bws)  # under the same contention as the decode runs (medians too)
     params = weight_params(plain)
-    from pipelines.llama_fast import BYTES
+    from taskrun.pipelines.llm.llama_fast import BYTES
 
     bytes_per_token = {"float32": params * 4, **{k: params * v for k, v in BYTES.items()}}
     table = {}

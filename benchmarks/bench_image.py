@@ -28,16 +28,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from pipelines.base import configure_threads  # noqa: E402
+from taskrun.pipelines.device import configure_threads  # noqa: E402
 
 configure_threads()
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from tasks import events as ev  # noqa: E402
-from tasks.base import Input  # noqa: E402
-from tasks.clock import Clock  # noqa: E402
-from tasks.image import Options  # noqa: E402
+from taskrun.tasks import events as ev  # noqa: E402
+from taskrun.tasks.base import Input  # noqa: E402
+from taskrun.tasks.clock import Clock  # noqa: E402
+from taskrun.tasks.image import Options  # noqa: E402
 
 
 def taskrun_job(pipe, inputs, **opts):
@@ -84,8 +84,8 @@ _cache: dict = {}
 
 
 def bench_digits(rounds: int, steps: int = 25, n: int = 10, label: int = 7, seed: int = 42):
-    from pipelines.image_diffusers import Pipeline
-    from pipelines.resolve import resolve
+    from taskrun.pipelines.diffusion.image import DiffusionPipeline as Pipeline
+    from taskrun.models.resolve import resolve
 
     card = resolve("digits-ddpm")
     folder = Path(card.path)
@@ -139,8 +139,8 @@ def sd_reference(pipe, prompt: str, seed: int):
 def bench_sd(rounds: int, seed: int = 42):
     from diffusers import StableDiffusionPipeline
 
-    from pipelines.image_diffusers import Pipeline
-    from pipelines.resolve import resolve
+    from taskrun.pipelines.diffusion.image import DiffusionPipeline as Pipeline
+    from taskrun.models.resolve import resolve
     from tests.tiny.sd import build
 
     folder = build(Path(tempfile.mkdtemp(prefix="bench-image-")))

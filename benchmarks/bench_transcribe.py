@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from pipelines.wer import wer  # noqa: E402  (after the path is set)
+from tools.wer import wer  # noqa: E402  (after the path is set)
 
 AUDIO = ROOT / "samples" / "meeting.wav"
 REFERENCE = (ROOT / "samples" / "meeting.txt").read_text()
@@ -39,9 +39,9 @@ REFERENCE = (ROOT / "samples" / "meeting.txt").read_text()
 
 
 def taskrun_path(runtime: str | None, beam: int | None = None):
-    from runner.jobs import run_job
-    from tasks.inputs import file_input
-    from tasks.transcribe import TASK, Options
+    from taskrun.runner.jobs import run_job
+    from taskrun.tasks.inputs import file_input
+    from taskrun.tasks.transcribe import TASK, Options
 
     def run() -> tuple[float, str]:
         t = time.perf_counter()
@@ -57,8 +57,8 @@ def faster_whisper_path(beam: int, vad: bool = True):
     import soundfile as sf
     from faster_whisper import WhisperModel
 
-    from pipelines.resolve import resolve
-    from pipelines.transcribe_ctranslate2 import cpu_threads
+    from taskrun.models.resolve import resolve
+    from taskrun.pipelines.speech.ct2_engine import cpu_threads
 
     model = WhisperModel(resolve("whisper-tiny.en").path, device="cpu", compute_type="float32",
                          cpu_threads=cpu_threads())
@@ -78,9 +78,9 @@ def hf_pipeline_path():
     import torch
     from transformers import pipeline
 
-    from pipelines.base import configure_threads
-    from pipelines.ct2_whisper import converted_folder
-    from pipelines.resolve import cache_dir, resolve
+    from taskrun.pipelines.device import configure_threads
+    from taskrun.pipelines.speech.ct2_convert import converted_folder
+    from taskrun.models.resolve import cache_dir, resolve
 
     configure_threads()
     folder = converted_folder(resolve("whisper-tiny.en"), cache_dir())  # the same weights

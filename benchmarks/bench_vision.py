@@ -13,7 +13,7 @@ The top-1 class of every photo under taskrun's default dtype is compared with th
 Detection: MTCNN faces per image (latency, best of the rounds). There is no runnable reference
 (facenet-pytorch's own code needs torchvision), so only taskrun's numbers are given; the boxes
 are checked against the one face facenet-pytorch finds on the astronaut photo.
-MTCNN runs single-threaded inside taskrun whatever --threads says (see pipelines/detect_torch.py).
+MTCNN runs single-threaded inside taskrun whatever --threads says (see pipelines/vision/faces.py).
 Writes benchmarks/results/vision.json (vision-threadsN.json with --threads N).
 """
 
@@ -69,18 +69,18 @@ def main() -> None:
     if args.quick:
         args.n, args.rounds = 16, 1
 
-    from pipelines.base import configure_threads
+    from taskrun.pipelines.device import configure_threads
     configure_threads()
     import torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from pipelines.classify_torch import imagenet_labels
-    from pipelines.resolve import resolve
-    from runner.jobs import run_job
-    from tasks import get_task
-    from tasks.base import Input
+    from taskrun.pipelines.vision.efficientnet import imagenet_labels
+    from taskrun.models.resolve import resolve
+    from taskrun.runner.jobs import run_job
+    from taskrun.tasks import get_task
+    from taskrun.tasks.base import Input
 
     files = [PHOTOS[i % len(PHOTOS)] for i in range(args.n)]
     inputs = [Input(source=str(f), kind="image", path=str(f)) for f in files]

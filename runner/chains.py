@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from tasks import REGISTRY
-from tasks.base import TaskError, make_options, to_jsonable
+from taskrun.tasks import REGISTRY
+from taskrun.tasks.base import TaskError, make_options, to_jsonable
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -218,8 +218,8 @@ def run_chain(chain: Chain, args: tuple[str, ...], out_dir: Path, *, device="aut
               offline=False, log=None, printer_for: Callable | None = None,
               on_stage: Callable | None = None) -> ChainRun:
     """Check, then run every step as its own job (one run-log row each, linked by chain id)."""
-    from runner.jobs import new_id, run_job
-    from tasks.inputs import file_input, text_input
+    from taskrun.runner.jobs import new_id, run_job
+    from taskrun.tasks.inputs import file_input, text_input
 
     values = bind_inputs(chain, args)
     options = check_chain(chain, values)
@@ -254,7 +254,7 @@ def run_chain(chain: Chain, args: tuple[str, ...], out_dir: Path, *, device="aut
                             f"see its errors above")
         _write_artifacts(run, i, step, task, rec, texts)
     run.wall_s = time.perf_counter() - t0
-    from tasks.base import atomic_write
+    from taskrun.tasks.base import atomic_write
 
     atomic_write(out_dir / "chain.json", json.dumps(to_jsonable(run.to_json()), ensure_ascii=False, indent=1))
     return run
@@ -262,7 +262,7 @@ def run_chain(chain: Chain, args: tuple[str, ...], out_dir: Path, *, device="aut
 
 def _write_artifacts(run: ChainRun, i: int, step: Step, task, rec, texts: dict) -> None:
     """The step's handed-on text (transcript, passages, answer) and its full JSON record."""
-    from tasks.base import atomic_write
+    from taskrun.tasks.base import atomic_write
 
     stem = f"{i + 1}-{step.output or step.task}"
     atomic_write(run.out_dir / f"{stem}.json",

@@ -16,18 +16,18 @@ from typing import Any
 
 import click
 
-from tasks import REGISTRY, get_task
-from tasks.base import Input, Task, TaskError, make_options
-from tasks.inputs import expand_folder, file_input, lines_of, text_input
+from taskrun.tasks import REGISTRY, get_task
+from taskrun.tasks.base import Input, Task, TaskError, make_options
+from taskrun.tasks.inputs import expand_folder, file_input, lines_of, text_input
 
 # Commands that live in their own modules ("module:attribute"), imported only when used.
 EXTRA_COMMANDS: dict[str, str] = {
-    "tasks": "runner.info:tasks_cmd",
-    "models": "runner.info:models_cmd",
-    "logs": "runner.info:logs_cmd",
-    "chain": "runner.llm_cli:chain_cmd",
-    "ask": "runner.llm_cli:ask_cmd",
-    "fit": "runner.llm_cli:fit_cmd",
+    "tasks": "taskrun.runner.info:tasks_cmd",
+    "models": "taskrun.runner.info:models_cmd",
+    "logs": "taskrun.runner.info:logs_cmd",
+    "chain": "taskrun.runner.commands:chain_cmd",
+    "ask": "taskrun.runner.commands:ask_cmd",
+    "fit": "taskrun.runner.commands:fit_cmd",
 }
 
 
@@ -76,8 +76,8 @@ class TaskRunGroup(click.Group):
 def _log_usage_failure(task: str, message: str) -> None:
     from datetime import datetime, timezone
 
-    from runner.jobs import new_id
-    from runner.runlog import RunLog
+    from taskrun.runner.jobs import new_id
+    from taskrun.runner.runlog import RunLog
 
     try:
         RunLog().append({"id": new_id(), "task": task, "status": "failed", "error": message,
@@ -179,7 +179,7 @@ def task_command(task: Task) -> click.Command:
 
     def callback(inputs, files, model, runtime, device, dtype, json_mode, fmt, output, offline, log_db,
                  quiet, **kw):
-        from runner.execute import execute
+        from taskrun.runner.execute import execute
 
         handled = {p.name for p in (extra() if extra else [])} | {"then"}
         extras = {k: kw.pop(k) for k in list(kw) if k in handled}

@@ -9,12 +9,12 @@ from typing import Any
 
 import click
 
-from runner.cli import gather_inputs, options_from
-from runner.jobs import JobRecord, new_id, run_job
-from runner.output import EventPrinter, atomic_write, metrics_table, print_json
-from runner.runlog import RunLog
-from tasks import get_task
-from tasks.base import Input, Task, TaskError
+from taskrun.runner.cli import gather_inputs, options_from
+from taskrun.runner.jobs import JobRecord, new_id, run_job
+from taskrun.runner.output import EventPrinter, metrics_table, print_json
+from taskrun.runner.runlog import RunLog
+from taskrun.tasks import get_task
+from taskrun.tasks.base import Input, Task, TaskError, atomic_write
 
 
 def execute(task: Task, *, inputs, files, values, model, runtime, device, dtype, json_mode, fmt, output,
@@ -123,7 +123,7 @@ def _emit(task: Task, rec: JobRecord, fmt: str | None, output: str | None, json_
         if output:
             import json
 
-            from tasks.base import to_jsonable
+            from taskrun.tasks.base import to_jsonable
             atomic_write(output, json.dumps(to_jsonable(rec.to_json()), ensure_ascii=False, indent=1))
         else:
             print_json(rec.to_json())

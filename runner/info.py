@@ -6,15 +6,15 @@ import json
 
 import click
 
-from runner.output import fmt_value, print_json
+from taskrun.runner.output import fmt_value, print_json
 
 
 @click.command("tasks")
 @click.option("--json", "json_mode", is_flag=True, help="Print the registry as JSON.")
 def tasks_cmd(json_mode):
     """What each task takes, returns and measures, and its default model: pick the task first."""
-    from pipelines.resolve import aliases, load_config
-    from tasks import REGISTRY
+    from taskrun.models.resolve import aliases, load_config
+    from taskrun.tasks import REGISTRY
 
     defaults = load_config().get("defaults", {})
     rows = []
@@ -49,7 +49,7 @@ def tasks_cmd(json_mode):
               help="Offline (default) lists what is here without reaching the hub.")
 def models_cmd(json_mode, offline):
     """Every known model: available here or not, size, digest, runtime and the tasks it serves."""
-    from pipelines.resolve import list_models
+    from taskrun.models.resolve import list_models
 
     rows = list_models(offline=offline)
     if json_mode:
@@ -78,7 +78,7 @@ def models_cmd(json_mode, offline):
 @click.pass_context
 def logs_cmd(ctx, limit, task, chain_id, json_mode, log_db):
     """Recent runs from the run log (`run logs show ID` for one whole)."""
-    from runner.runlog import RunLog
+    from taskrun.runner.runlog import RunLog
 
     ctx.obj = {"log_db": log_db}
     if ctx.invoked_subcommand:
@@ -103,7 +103,7 @@ def logs_cmd(ctx, limit, task, chain_id, json_mode, log_db):
 @click.pass_context
 def logs_show(ctx, run_id, log_db):
     """One run, whole, as JSON."""
-    from runner.runlog import RunLog
+    from taskrun.runner.runlog import RunLog
 
     row = RunLog(log_db or (ctx.obj or {}).get("log_db")).get(run_id)
     if row is None:

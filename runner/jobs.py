@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable
 
-from tasks import events as ev
-from tasks.base import Input, ModelCard, Task, TaskError, to_jsonable
-from tasks.clock import Clock
+from taskrun.tasks import events as ev
+from taskrun.tasks.base import Input, ModelCard, Task, TaskError, to_jsonable
+from taskrun.tasks.clock import Clock
 
 
 @dataclass
@@ -149,8 +149,8 @@ def run_job(task: Task, get_inputs: Callable[[], list[Input]], options: Any | Ca
 
 def _run(task: Task, inputs: list[Input], rec: JobRecord, clock: Clock, emit, *, model, runtime,
          device, dtype, offline) -> None:
-    from pipelines import load_pipeline
-    from pipelines.resolve import default_model, resolve
+    from taskrun.pipelines import load_pipeline
+    from taskrun.models.resolve import default_model, resolve
 
     # Per-item input checks: in a batch a bad item is reported and the rest go on.
     good: list[tuple[int, Input]] = []

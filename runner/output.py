@@ -11,8 +11,8 @@ from typing import Any
 
 import click
 
-from tasks import events as ev
-from tasks.base import atomic_write, to_jsonable  # noqa: F401  (re-exported for the runner)
+from taskrun.tasks import events as ev
+from taskrun.tasks.base import to_jsonable
 
 
 def fmt_value(v: Any) -> str:

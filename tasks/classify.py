@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tasks.base import Input, ModelCard, Task, TaskError, check_model_serves, metric, option, require
+from taskrun.tasks.base import Input, ModelCard, Task, TaskError, check_model_serves, metric, option, require
 
 TEXT_KINDS = {"sentence-embedding", "text-classification"}
 
@@ -71,7 +71,7 @@ class ClassifyTask(Task):
     def check_input(self, inp: Input) -> None:
         super().check_input(inp)
         if inp.kind == "image":
-            from tasks.images import probe_image
+            from taskrun.tasks.image_files import probe_image
 
             probe_image(inp.path)  # a non-image or a decompression bomb is refused before weights load
 

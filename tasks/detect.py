@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tasks.base import (Input, ModelCard, Task, TaskError, atomic_write, check_input_kind, check_model_serves,
+from taskrun.tasks.base import (Input, ModelCard, Task, TaskError, atomic_write, check_input_kind, check_model_serves,
                         metric, option, require)
 
 FACE_KINDS = {"face-detection"}
@@ -87,7 +87,7 @@ class DetectTask(Task):
 
     def check_input(self, inp: Input) -> None:
         check_input_kind(self, inp)
-        from tasks.images import probe_image
+        from taskrun.tasks.image_files import probe_image
 
         probe_image(inp.path)  # a non-image or a decompression bomb is refused before weights load
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tasks.base import Task, TaskError, metric, option, require
+from taskrun.tasks.base import Task, TaskError, metric, option, require
 
 
 @dataclass(frozen=True)

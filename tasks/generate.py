@@ -6,9 +6,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.base import Task, TaskError, metric, option, require
+from taskrun.tasks.base import Task, TaskError, metric, option, require
 
-FINISH_REASONS = ("stop", "length", "stop_sequence")
 
 
 def load_schema(path: str) -> dict:

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tasks.base import Task, TaskError, atomic_write, check_model_serves, internal, metric, option, require
-from tasks.image_model import ModelConditioning, read_conditioning
+from taskrun.tasks.base import Task, TaskError, atomic_write, check_model_serves, internal, metric, option, require
+from taskrun.tasks.image_conditioning import ModelConditioning, read_conditioning
 
 SCHEDULERS = ("default", "ddim", "ddpm", "euler", "euler-a", "dpm++", "pndm", "lms", "heun", "unipc")
 MAX_PIXELS = 2048 * 2048  # a sane limit: beyond it a CPU (or most GPUs) cannot finish a job

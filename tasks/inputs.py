@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks.base import Input, TaskError
+from taskrun.tasks.base import Input, TaskError
 
 # Leading bytes → kind. Enough to route a file to the right task before any decoder runs.
 _MAGIC: list[tuple[bytes, int, str]] = [

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tasks.base import Task, metric, option, require
-from tasks.generate import check_sampling, cut_notice
+from taskrun.tasks.base import Task, metric, option, require
+from taskrun.tasks.generate import check_sampling, cut_notice
 
 # Answer budget and the words put in the instruction, per --length.
 LENGTHS = {"short": (96, "in two or three sentences"),

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tasks.base import Task, TaskError, metric, option, require, to_jsonable
+from taskrun.tasks.base import Task, TaskError, metric, option, require, to_jsonable
 
 WHISPER_WINDOW_S = 30.0  # Whisper hears 30 s at a time; a longer chunk would be cut off
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from runner.chains import check_chain, load_chain, parse_chain
-from runner.cli import main
-from runner.runlog import RunLog
-from tasks.base import TaskError
+from taskrun.runner.chains import check_chain, load_chain, parse_chain
+from taskrun.runner.cli import main
+from taskrun.runner.runlog import RunLog
+from taskrun.tasks.base import TaskError
 from tests.tiny.generate import build
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples"

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from runner.cli import main
-from runner.runlog import RunLog
+from taskrun.runner.cli import main
+from taskrun.runner.runlog import RunLog
 from tests.tiny.bert import build as tiny_bert
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,9 +9,9 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from runner.cli import main
-from tasks import REGISTRY
-from tasks.base import TaskError, make_options
+from taskrun.runner.cli import main
+from taskrun.tasks import REGISTRY
+from taskrun.tasks.base import TaskError, make_options
 
 TOKEN_FIELDS = {"input_tokens", "output_tokens", "ttft_s", "decode_tokens_per_s", "tokens_per_s", "prefill_s"}
 TEXT_GENERATION = {"generate", "summarize"}

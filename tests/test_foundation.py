@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import digest as digest_mod
-from pipelines.resolve import resolve
-from runner.runlog import MIGRATIONS, RunLog
-from tasks.base import TaskError
-from tasks.inputs import sniff_bytes
+from taskrun.models import digest as digest_mod
+from taskrun.models.resolve import resolve
+from taskrun.runner.runlog import MIGRATIONS, RunLog
+from taskrun.tasks.base import TaskError
+from taskrun.tasks.inputs import sniff_bytes
 from tests.tiny.bert import build as tiny_bert
 
 
@@ -68,8 +68,8 @@ def test_unknown_model_name_lists_aliases():
 def test_models_are_loaded_once_per_process(tiny_dir):
     from click.testing import CliRunner
 
-    import pipelines
-    from runner.cli import main
+    from taskrun import pipelines
+    from taskrun.runner.cli import main
 
     pipelines.clear_cache()
     model = str(tiny_bert(tiny_dir))

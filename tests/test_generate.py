@@ -8,10 +8,10 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from runner.cli import main
-from runner.jobs import run_job
-from tasks import REGISTRY, events as ev
-from tasks.base import Input, TaskError, make_options
+from taskrun.runner.cli import main
+from taskrun.runner.jobs import run_job
+from taskrun.tasks import REGISTRY, events as ev
+from taskrun.tasks.base import Input, TaskError, make_options
 from tests.tiny.generate import CONTEXT, build
 
 PROMPT = "What is the capital of France?"
@@ -25,8 +25,8 @@ def tiny(tiny_dir):
 @pytest.fixture
 def llm(tiny):
     """The tiny model's LLM, copied so a test may change its end-of-sequence ids."""
-    from pipelines.llm import load_llm
-    from pipelines.resolve import resolve
+    from taskrun.pipelines.llm.engine import load_llm
+    from taskrun.models.resolve import resolve
 
     return copy.copy(load_llm(resolve(tiny), "cpu", "float32"))
 
@@ -40,8 +40,8 @@ def _run(tiny, prompt=PROMPT, **opts):
 
 
 def _decode(llm, ids, **kw):
-    from pipelines.llm import Decoded, Sampling
-    from tasks.clock import Clock
+    from taskrun.pipelines.llm.engine import Decoded, Sampling
+    from taskrun.tasks.clock import Clock
 
     out = Decoded()
     pieces = list(llm.stream(ids, Sampling(**kw), Clock(), out))
@@ -228,9 +228,9 @@ def test_real_smollm2_knows_the_capital_of_france():
 
 def test_lean_decoder_matches_transformers_token_for_token(tiny, monkeypatch):
     """The fast Llama forward (float32) gives exactly the tokens of the transformers module."""
-    from pipelines import clear_cache
-    from pipelines.llm import load_llm
-    from pipelines.resolve import resolve
+    from taskrun.pipelines import clear_cache
+    from taskrun.pipelines.llm.engine import load_llm
+    from taskrun.models.resolve import resolve
 
     card = resolve(tiny)
     clear_cache()
@@ -261,7 +261,7 @@ def test_lean_decoder_matches_transformers_token_for_token(tiny, monkeypatch):
 def test_repeat_penalty_and_token_mask_change_the_choice():
     import torch
 
-    from pipelines.llm import Sampling, sample
+    from taskrun.pipelines.llm.engine import Sampling, sample
 
     logits = torch.tensor([0.0, 1.0, 3.0, 2.5])
     gen = torch.Generator().manual_seed(0)

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from runner.cli import main
-from tasks import events as ev
-from tasks.base import Input, TaskError
-from tasks.clock import Clock
-from tasks.image import Options, read_png_settings
-from tasks.image_model import ModelConditioning, read_conditioning
+from taskrun.runner.cli import main
+from taskrun.tasks import events as ev
+from taskrun.tasks.base import Input, TaskError
+from taskrun.tasks.clock import Clock
+from taskrun.tasks.image import Options, read_png_settings
+from taskrun.tasks.image_conditioning import ModelConditioning, read_conditioning
 from tests.tiny.sd import build as build_sd
 
 TOKEN_WORDS = ("token", "ttft", "prefill")
@@ -46,8 +46,8 @@ def uncond(tiny_dir):
 
 
 def pipeline(path):
-    from pipelines.image_diffusers import Pipeline
-    from pipelines.resolve import resolve
+    from taskrun.pipelines.diffusion.image import DiffusionPipeline as Pipeline
+    from taskrun.models.resolve import resolve
 
     return Pipeline(resolve(str(path)), device="cpu")
 
@@ -138,7 +138,7 @@ def test_json_has_no_token_fields(sd, tmp_path):
     job = json.loads(r.stdout)
     keys = set(job["metrics"]) | set(job["items"][0]["result"])
     assert not [k for k in keys if any(w in k for w in TOKEN_WORDS)]
-    from tasks.image import Generation, Image, Metrics
+    from taskrun.tasks.image import Generation, Image, Metrics
 
     for cls in (Metrics, Generation, Image):
         assert not [f.name for f in dataclasses.fields(cls) if any(w in f.name for w in TOKEN_WORDS)]
@@ -151,7 +151,7 @@ def test_json_has_no_token_fields(sd, tmp_path):
 @pytest.fixture
 def no_loading(monkeypatch):
     """Refusals must happen before any weights load."""
-    import pipelines
+    from taskrun import pipelines
 
     def boom(*a, **k):
         raise AssertionError("weights were loaded")
@@ -275,7 +275,7 @@ def test_run_image_label_7_draws_a_seven_and_prompt_maps_to_label(tmp_path):
 
 def fresh_pipeline(path):
     """A pipeline whose model is loaded anew: traced graphs live with the cached model."""
-    from pipelines import clear_cache
+    from taskrun.pipelines import clear_cache
 
     clear_cache()
     return pipeline(path)
@@ -312,7 +312,7 @@ def test_training_script_is_reproducible(tmp_path):
     """Same seed, torch and thread count → bit-identical weights (a short run of the real script)."""
     import subprocess
 
-    script = Path(__file__).resolve().parent.parent / "pipelines" / "train_digits.py"
+    script = Path(__file__).resolve().parent.parent / "tools" / "train_digits.py"
     for name in ("a", "b"):
         subprocess.run([sys.executable, str(script), "--steps", "5", "--batch", "32", "--out", str(tmp_path / name)],
                        check=True, capture_output=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from runner.cli import main
+from taskrun.runner.cli import main
 
 
 def test_json_mode_still_writes_the_images_and_names_them(tmp_path):

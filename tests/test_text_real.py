@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from runner.cli import main
+from taskrun.runner.cli import main
 
 pytestmark = pytest.mark.real
 SAMPLES = Path(__file__).resolve().parent.parent / "samples"
@@ -29,7 +29,7 @@ def vectors(texts, *opts):
 def test_embeddings_match_sentence_transformers_in_float32():
     from sentence_transformers import SentenceTransformer
 
-    from pipelines.resolve import resolve
+    from taskrun.models.resolve import resolve
 
     texts = ["a cat", "A kitten is playing with yarn on the carpet.", "stock prices",
              "The quick brown fox jumps over the lazy dog. " * 40]  # longer than the 256-token window

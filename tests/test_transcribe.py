@@ -12,13 +12,13 @@ import pytest
 import soundfile as sf
 from click.testing import CliRunner
 
-from pipelines import audio
-from pipelines.speech import Piece, place
-from pipelines.transcribe_transformers import ctc_segments, whisper_segments
-from pipelines.wer import wer
-from runner.cli import main
-from tasks.base import TaskError, make_options
-from tasks.transcribe import Options, Segment, Transcript, clock, to_srt, to_txt, to_vtt
+from taskrun.pipelines.speech import audio
+from taskrun.pipelines.speech.transcribe import Piece, place
+from taskrun.pipelines.speech.hf_engine import ctc_segments, whisper_segments
+from tools.wer import wer
+from taskrun.runner.cli import main
+from taskrun.tasks.base import TaskError, make_options
+from taskrun.tasks.transcribe import Options, Segment, Transcript, clock, to_srt, to_txt, to_vtt
 from tests.tiny.whisper import SAMPLES, build, build_ct2, clip
 
 SR = 16000
@@ -108,7 +108,7 @@ def test_pieces_land_on_the_file_timeline_clamped_and_in_order():
 
 
 def test_packed_speech_maps_back_to_file_time():
-    from pipelines.speech import Window
+    from taskrun.pipelines.speech.transcribe import Window
 
     w = Window(SR)
     w.add(np.ones(2 * SR, np.float32), 10 * SR)  # window 0-2 s = file 10-12 s
@@ -229,7 +229,7 @@ def test_whisper_folder_from_ct2_round_trips_exactly(tiny_dir, tmp_path):
     import torch
     from transformers import WhisperForConditionalGeneration
 
-    from pipelines.ct2_whisper import convert
+    from taskrun.pipelines.speech.ct2_convert import convert
 
     back = convert(build_ct2(tiny_dir), tmp_path / "hf")
     a = WhisperForConditionalGeneration.from_pretrained(build(tiny_dir)).state_dict()
@@ -331,7 +331,7 @@ def test_silence_gives_an_empty_transcript(tmp_path, tiny_dir, vad):
 
 
 def test_handoff_is_the_transcript_text():
-    from tasks.transcribe import TASK
+    from taskrun.tasks.transcribe import TASK
 
     assert TASK.produces == "text" and TASK.handoff(transcripts()[1]) == "Second."
 

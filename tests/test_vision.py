@@ -9,9 +9,9 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
-from runner.cli import main
-from tasks.base import Input, TaskError
-from tasks.images import load_image
+from taskrun.runner.cli import main
+from taskrun.tasks.base import Input, TaskError
+from taskrun.tasks.image_files import load_image
 from tests.tiny.vision import CAT_SCORE, FIXED_BOX, LABELS, build_detr, build_vit, build_yolos, picture
 
 
@@ -153,11 +153,11 @@ def test_a_broken_image_fails_alone_and_the_exit_is_non_zero(tiny_dir, pics, tmp
 
 
 def test_pipeline_reports_progress_per_batch(tiny_dir, pics):
-    from pipelines import load_pipeline
-    from pipelines.resolve import resolve
-    from tasks import events as ev
-    from tasks.classify import Options
-    from tasks.clock import Clock
+    from taskrun.pipelines import load_pipeline
+    from taskrun.models.resolve import resolve
+    from taskrun.tasks import events as ev
+    from taskrun.tasks.classify import Options
+    from taskrun.tasks.clock import Clock
 
     card = resolve(str(build_vit(tiny_dir)))
     pipe = load_pipeline("classify", card, "transformers", "cpu", "auto")
@@ -171,8 +171,8 @@ def test_pipeline_reports_progress_per_batch(tiny_dir, pics):
 
 
 def test_a_batch_that_fails_is_retried_one_image_at_a_time(pics):
-    from pipelines.vision import run_batches
-    from tasks import events as ev
+    from taskrun.pipelines.vision.batching import run_batches
+    from taskrun.tasks import events as ev
 
     def process(batch):
         if any(i == 1 for i, _ in batch):
@@ -271,7 +271,7 @@ def test_tasks_and_models_list_both_tasks_and_defaults():
 def test_nms_keeps_the_best_of_overlapping_boxes():
     import torch
 
-    from pipelines.mtcnn import nms
+    from taskrun.pipelines.vision.mtcnn import nms
 
     boxes = torch.tensor([[0, 0, 10, 10], [1, 1, 11, 11], [50, 50, 60, 60], [2, 2, 5, 5]], dtype=torch.float)
     scores = torch.tensor([0.9, 0.95, 0.5, 0.8])
@@ -281,7 +281,7 @@ def test_nms_keeps_the_best_of_overlapping_boxes():
 
 
 def test_mtcnn_nets_match_the_shipped_state_dicts():
-    from pipelines.mtcnn import MTCNN, weights_dir
+    from taskrun.pipelines.vision.mtcnn import MTCNN, weights_dir
 
     model = MTCNN.from_folder(weights_dir())  # strict: a renamed or missing layer fails here
     assert sum(p.numel() for p in model.parameters()) > 400_000

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from runner.cli import main
+from taskrun.runner.cli import main
 
 pytestmark = pytest.mark.real
 IMAGES = Path(__file__).resolve().parent.parent / "samples" / "images"
@@ -88,9 +88,9 @@ def test_cat_and_coffee_have_no_human_face():
 def test_folding_batch_norm_into_the_convs_changes_nothing():
     import torch
 
-    from pipelines.classify_torch import build_model, fuse_for_inference, preprocess
-    from pipelines.resolve import resolve
-    from tasks.images import load_image
+    from taskrun.pipelines.vision.efficientnet import build_model, fuse_for_inference, preprocess
+    from taskrun.models.resolve import resolve
+    from taskrun.tasks.image_files import load_image
 
     card = resolve("efficientnet-lite0")
     x = torch.stack([torch.from_numpy(preprocess(load_image(f), 224)) for f in sorted(IMAGES.glob("*.jpg"))])

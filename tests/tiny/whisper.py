@@ -26,7 +26,7 @@ def build(root: Path) -> Path:
     import torch
     from transformers import WhisperConfig, WhisperForConditionalGeneration
 
-    from pipelines.ct2_whisper import save_whisper_folder
+    from taskrun.pipelines.speech.ct2_convert import save_whisper_folder
 
     torch.manual_seed(0)
     cfg = WhisperConfig(vocab_size=51864, num_mel_bins=80, d_model=16, encoder_layers=1, decoder_layers=1,

@@ -1,0 +1,359 @@
+"""Model resolution: an alias, a local folder or file, or a hub id → a ModelCard.
+
+Nothing here imports torch or reads weights (digests read bytes, once, then are cached), so
+`run models`, `run tasks` and every task's ``check`` stay fast and run before loading.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from taskrun.models.digest import digest_path, dir_size
+from taskrun.tasks.base import ModelCard, TaskError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+def config_path() -> Path:
+    return Path(os.environ.get("TASKRUN_MODELS_TOML", CONFIG_DIR / "models.toml"))
+
+
+@lru_cache(maxsize=4)
+def _load_config(path: str) -> dict:
+    with open(path, "rb") as f:
+        return tomllib.load(f)
+
+
+def load_config() -> dict:
+    return _load_config(str(config_path()))
+
+
+def cache_dir() -> Path:
+    """Where taskrun keeps converted weights, digests and corpus vectors."""
+    env = os.environ.get("TASKRUN_CACHE_DIR")
+    if env:
+        d = Path(env)
+    else:
+        import platformdirs
+
+        d = Path(platformdirs.user_cache_dir("taskrun"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def default_model(task: str, input_kind: str | None = None) -> str:
+    defaults = load_config().get("defaults", {})
+    if input_kind and f"{task}:{input_kind}" in defaults:
+        return defaults[f"{task}:{input_kind}"]
+    if task in defaults:
+        return defaults[task]
+    raise TaskError(f"no default model for {task}; give one with --model")
+
+
+def aliases() -> dict[str, dict]:
+    return load_config().get("models", {})
+
+
+# --------------------------------------------------------------------------- architectures
+
+
+@dataclass(frozen=True)
+class ArchRule:
+    pattern: str  # regex matched against the architecture name
+    tasks: tuple[str, ...]
+    kind: str
+    runtimes: tuple[str, ...]
+
+
+# First match wins. A pipeline module adds its rule here when it adds a task.
+ARCH_RULES: list[ArchRule] = [
+    ArchRule(r"ForSequenceClassification$", ("classify",), "text-classification", ("transformers",)),
+    ArchRule(r"ForImageClassification$", ("classify",), "image-classification", ("transformers",)),
+    ArchRule(r"ForObjectDetection$", ("detect",), "object-detection", ("transformers",)),
+    ArchRule(r"^(Bert|MPNet|XLMRoberta|Roberta|DistilBert|NomicBert|E5|Electra)Model$|SentenceTransformer",
+             ("embed", "search", "classify"), "sentence-embedding", ("transformers",)),
+    ArchRule(r"ForCausalLM$|LMHeadModel$", ("generate", "summarize"), "text-generation", ("transformers",)),
+    # A CTranslate2 Whisper folder runs on faster-whisper, or on transformers after a one-time conversion.
+    ArchRule(r"^WhisperCT2$", ("transcribe",), "speech-recognition", ("ctranslate2", "transformers")),
+    ArchRule(r"^WhisperForConditionalGeneration$|ForCTC$", ("transcribe",), "speech-recognition",
+             ("transformers",)),
+    # diffusers folders: model_index.json names the pipeline class (StableDiffusionPipeline,
+    # DDPMPipeline, …); a bare UNet2DModel folder is a pixel-space diffusion model.
+    ArchRule(r"Pipeline$|^UNet2DModel$", ("image",), "image-generation", ("diffusers",)),
+]
+
+
+def rule_for(architecture: str) -> ArchRule | None:
+    for rule in ARCH_RULES:
+        if re.search(rule.pattern, architecture):
+            return rule
+    return None
+
+
+def read_architecture(path: Path, entry: dict) -> str:
+    """The architecture named by a model's own files (or its models.toml entry)."""
+    if entry.get("architecture"):
+        return entry["architecture"]
+    if path.is_file():
+        if path.suffix == ".gguf":
+            return _gguf_architecture(path)
+        return path.suffix.lstrip(".") or "unknown"
+    for name in ("model_index.json", "config.json"):
+        f = path / name
+        if f.exists():
+            try:
+                cfg = json.loads(f.read_text())
+            except (OSError, json.JSONDecodeError) as exc:
+                raise TaskError(f"{f} is not valid JSON ({exc}); the model folder looks corrupt: "
+                                f"re-download or re-install it") from None
+            if cfg.get("_class_name"):
+                return cfg["_class_name"]
+            if cfg.get("architectures"):
+                return cfg["architectures"][0]
+            if (path / "model.bin").exists() and (path / "vocabulary.txt").exists() or \
+                    (path / "model.bin").exists() and "alignment_heads" in cfg:
+                return "WhisperCT2"
+            if cfg.get("model_type"):
+                return cfg["model_type"]
+    ggufs = list(path.glob("*.gguf"))
+    if ggufs:
+        return _gguf_architecture(ggufs[0])
+    if (path / "model.bin").exists():
+        return "WhisperCT2"
+    raise TaskError(f"{path} has no config.json or model_index.json; taskrun cannot tell what "
+                    f"model it is. Point --model at a Hugging Face or diffusers folder, a GGUF "
+                    f"file or a CTranslate2 folder")
+
+
+_GGUF_ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM",
+              "gemma": "GemmaForCausalLM", "phi3": "Phi3ForCausalLM", "gpt2": "GPT2LMHeadModel"}
+
+
+def _gguf_architecture(path: Path) -> str:
+    arch = gguf_metadata(path).get("general.architecture")
+    if not isinstance(arch, str):
+        raise TaskError(f"{path} has no general.architecture in its GGUF header; is it a GGUF model?")
+    return _GGUF_ARCH.get(arch, f"{arch}ForCausalLM")
+
+
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q",
+                 12: "<d"}
+
+
+def gguf_metadata(path: Path, tensors: bool = False) -> dict:
+    """The key/value header of a GGUF file (strings and numbers; arrays are skipped).
+
+    gguf's GGUFReader maps and indexes every tensor, which takes seconds on a 100 MB file; the
+    header alone is a few KB and is all that resolution and `run fit` need. ``tensors=True`` also
+    reads the tensor table and adds the parameter count as ``taskrun.parameters``.
+    """
+    import struct
+
+    def read(f, fmt):
+        size = struct.calcsize(fmt)
+        data = f.read(size)
+        if len(data) != size:
+            raise EOFError
+        return struct.unpack(fmt, data)[0]
+
+    def read_str(f):
+        return f.read(read(f, "<Q")).decode("utf-8", "replace")
+
+    def skip_value(f, vtype):
+        if vtype in _GGUF_SCALARS:
+            f.seek(struct.calcsize(_GGUF_SCALARS[vtype]), 1)
+        elif vtype == 8:
+            f.seek(read(f, "<Q"), 1)
+        elif vtype == 9:
+            etype, n = read(f, "<I"), read(f, "<Q")
+            if etype in _GGUF_SCALARS:
+                f.seek(n * struct.calcsize(_GGUF_SCALARS[etype]), 1)
+            else:
+                for _ in range(n):
+                    skip_value(f, etype)
+        else:
+            raise ValueError(f"unknown GGUF value type {vtype}")
+
+    out: dict = {}
+    try:
+        with open(path, "rb") as f:
+            if f.read(4) != b"GGUF":
+                raise ValueError("no GGUF magic")
+            read(f, "<I")  # version
+            n_tensors = read(f, "<Q")
+            for _ in range(read(f, "<Q")):
+                key, vtype = read_str(f), read(f, "<I")
+                if vtype in _GGUF_SCALARS:
+                    out[key] = read(f, _GGUF_SCALARS[vtype])
+                elif vtype == 8:
+                    out[key] = read_str(f)
+                else:
+                    skip_value(f, vtype)
+            if tensors:  # the tensor table follows: name, dims, type, offset for each
+                total = 0
+                for _ in range(n_tensors):
+                    read_str(f)
+                    n = 1
+                    for _ in range(read(f, "<I")):
+                        n *= read(f, "<Q")
+                    f.seek(4 + 8, 1)
+                    total += n
+                out["taskrun.parameters"] = total
+    except (OSError, EOFError, ValueError, struct.error) as exc:
+        raise TaskError(f"{path} is not a readable GGUF file ({exc or 'truncated'}); re-download it") from None
+    return out
+
+
+# --------------------------------------------------------------------------- sources
+
+
+def _package_path(entry: dict) -> Path | None:
+    """The entry's folder or file inside an installed package, found without importing it."""
+    pkg = entry.get("package")
+    if not pkg:
+        return None
+    try:
+        spec = importlib.util.find_spec(pkg)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = Path(list(spec.submodule_search_locations)[0])
+    return root / entry["path"] if entry.get("path") else root
+
+
+def _joined(entry: dict, name: str) -> Path | None:
+    """Split weights (``join`` = list of package:path parts) joined once into the cache."""
+    parts = []
+    for ref in entry["join"]:
+        pkg, _, rel = ref.partition(":")
+        base = _package_path({"package": pkg})
+        if base is None:
+            return None
+        parts.append(base / rel)
+    target_dir = cache_dir() / "joined" / name
+    target = target_dir / entry.get("join_as", "model.bin")
+    size = sum(p.stat().st_size for p in parts)
+    if not (target.exists() and target.stat().st_size == size):
+        target_dir.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(".tmp")
+        with open(tmp, "wb") as out:
+            for p in parts:
+                with open(p, "rb") as f:
+                    while chunk := f.read(1 << 24):
+                        out.write(chunk)
+        os.replace(tmp, target)
+    for extra in entry.get("with", []):  # small files that sit beside the joined one
+        pkg, _, rel = extra.partition(":")
+        src = _package_path({"package": pkg}) / rel
+        dst = target_dir / src.name
+        if not dst.exists() or dst.stat().st_size != src.stat().st_size:
+            dst.write_bytes(src.read_bytes())
+    return target_dir
+
+
+def is_offline(offline: bool = False) -> bool:
+    return offline or os.environ.get("HF_HUB_OFFLINE", "") in ("1", "true", "True") \
+        or os.environ.get("TASKRUN_OFFLINE", "") in ("1", "true")
+
+
+def _hub_path(repo: str, revision: str | None, offline: bool) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise TaskError("hub models need huggingface_hub: pip install huggingface_hub") from None
+    where = f"{repo}@{revision}" if revision else repo
+    try:
+        return Path(snapshot_download(repo, revision=revision, local_files_only=is_offline(offline),
+                                      etag_timeout=5))
+    except Exception as exc:  # the hub raises many kinds; all mean the same to the user
+        if is_offline(offline):
+            raise TaskError(f"{where} is not in the local Hugging Face cache and offline mode forbids "
+                            f"downloading; download it where there is network (`hf download {repo}`) "
+                            f"or point --model at a local folder") from None
+        raise TaskError(f"could not fetch {where} from the hub ({type(exc).__name__}); check the "
+                        f"network, or point --model at a local folder, or use --offline") from None
+
+
+def locate(name: str, offline: bool = False) -> tuple[Path, dict, str]:
+    """(path, models.toml entry, source description) for an alias, a path or a hub id."""
+    entry = aliases().get(name)
+    if entry is not None:
+        if entry.get("join"):
+            p = _joined(entry, name)
+            if p is not None:
+                return p, entry, "packages " + ", ".join(entry.get("pip", "").split())
+        p = _package_path(entry)
+        if p is not None and p.exists():
+            target = p / entry["file"] if entry.get("file") else p
+            where = f"package {entry['pip']}" if entry.get("pip") else \
+                f"bundled with taskrun ({entry['package']}/{entry.get('path', '')})"
+            return target, entry, where
+        if entry.get("local"):
+            p = Path(entry["local"])
+            if not p.is_absolute():
+                p = CONFIG_DIR.parent / p
+            if p.exists():
+                return p, entry, "local folder"
+        if entry.get("hub"):
+            if is_offline(offline) and entry.get("pip"):
+                raise TaskError(f"`{name}` is not installed here; install it with "
+                                f"`pip install {entry['pip']}` (offline mode forbids the hub)")
+            return _hub_path(entry["hub"], entry.get("revision"), offline), entry, \
+                f"hub {entry['hub']}@{entry.get('revision', 'main')}"
+        hint = f"`pip install {entry['pip']}`" if entry.get("pip") else "see configs/models.toml"
+        raise TaskError(f"`{name}` is not available here; install it with {hint}")
+    p = Path(name).expanduser()
+    if p.exists():
+        return p.resolve(), {}, "local file" if p.is_file() else "local folder"
+    if re.fullmatch(r"[\w.-]+/[\w.-]+(@[\w.-]+)?", name):
+        repo, _, rev = name.partition("@")
+        return _hub_path(repo, rev or None, offline), {}, f"hub {name}"
+    known = ", ".join(aliases())
+    raise TaskError(f"no model named '{name}': not an alias ({known}), not an existing path, "
+                    f"not a hub id (org/name)")
+
+
+def resolve(name: str, offline: bool = False) -> ModelCard:
+    """A ModelCard for ``name``: located, architecture read, tasks known, digest computed (cached)."""
+    path, entry, source = locate(name, offline)
+    arch = read_architecture(path, entry)
+    rule = rule_for(arch)
+    tasks = tuple(entry.get("tasks") or (rule.tasks if rule else ()))
+    runtimes = tuple(entry.get("runtimes") or (rule.runtimes if rule else ("transformers",)))
+    runtime = entry.get("runtime") or runtimes[0]
+    kind = entry.get("kind") or (rule.kind if rule else "")
+    return ModelCard(name=name, path=str(path), architecture=arch, tasks=tasks, runtime=runtime,
+                     runtimes=runtimes, size_bytes=dir_size(path), digest=digest_path(path, cache_dir()),
+                     source=source, kind=kind, extra=dict(entry.get("settings", {})))
+
+
+def list_models(offline: bool = True) -> list[dict]:
+    """Every alias in models.toml: available here or not, and why."""
+    rows = []
+    defaults = load_config().get("defaults", {})
+    for name, entry in aliases().items():
+        row = {"name": name, "description": entry.get("description", ""),
+               "default_for": [t for t, m in defaults.items() if m == name]}
+        try:
+            card = resolve(name, offline=offline)
+        except TaskError as exc:
+            row.update(available=False, why=str(exc))
+        else:
+            row.update(available=True, path=card.path, size_bytes=card.size_bytes, digest=card.digest,
+                       runtime=card.runtime, runtimes=list(card.runtimes), tasks=list(card.tasks),
+                       architecture=card.architecture, source=card.source)
+        rows.append(row)
+    return rows

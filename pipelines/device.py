@@ -1,0 +1,119 @@
+"""Threads, devices and dtypes: the one place that sets them, for every pipeline.
+
+OpenMP waits passively (a busy neighbour process must not collapse throughput), token-by-token
+loops run on one thread, and ``auto`` dtypes pick bf16 only where the CPU has bf16 matrix units
+and the pipeline has checked that accuracy holds.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+
+from taskrun.tasks.base import TaskError
+
+
+_CONFIGURED = False
+
+
+def configure_threads() -> None:
+    """Set torch's threading deliberately, before torch starts its thread pool.
+
+    OpenMP worker threads spin while waiting by default; on a small machine shared with another
+    busy process, spinning threads steal each other's cores and torch slows 10-60x. A passive
+    wait policy costs little on a quiet machine. TASKRUN_THREADS sets the count.
+    """
+    global _CONFIGURED
+    if _CONFIGURED:
+        return
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    import torch
+
+    n = os.environ.get("TASKRUN_THREADS")
+    if n:
+        torch.set_num_threads(int(n))
+    try:  # taskrun draws its own progress on stderr; the libraries' load bars are noise there
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+    except ImportError:
+        pass
+    _CONFIGURED = True
+
+
+@contextmanager
+def decode_threads(device: str):
+    """Run token-by-token decoding on one CPU thread (TASKRUN_DECODE_THREADS overrides).
+
+    A decode step is hundreds of tiny ops; with passive OpenMP waits each one pays a thread
+    wake-up, and with spinning waits a busy neighbour process steals the spinning core. Measured
+    on SmolLM2-135M on 2 cores (benchmarks/bench_generate.py): 2 passive threads 36 tok/s quiet,
+    45 busy; 1 thread 56 quiet, 54 busy; 2 spinning threads 64 quiet, 22 busy. Prefill is
+    compute-bound and keeps all threads.
+    """
+    import torch
+
+    n = int(os.environ.get("TASKRUN_DECODE_THREADS", "1"))
+    before = torch.get_num_threads()
+    switch = device == "cpu" and n > 0 and n != before
+    if switch:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if switch:
+            torch.set_num_threads(before)
+
+
+def resolve_device(device: str) -> str:
+    configure_threads()
+    import torch
+
+    if device in ("auto", "", None):
+        if torch.cuda.is_available():
+            return "cuda"
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return "mps"
+        return "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise TaskError(f"--device {device} asked for, but torch sees no CUDA device here; use --device cpu")
+    if device == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise TaskError("--device mps asked for, but MPS is not available here; use --device cpu")
+    if device not in ("cpu", "mps") and not device.startswith("cuda"):
+        raise TaskError(f"unknown device '{device}'; use auto, cpu, cuda, cuda:N or mps")
+    return device
+
+
+def cpu_has_bf16() -> bool:
+    """True where the CPU has bf16 matrix instructions (AMX / AVX512-BF16), so bf16 is fast."""
+    try:
+        flags = open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def resolve_dtype(dtype: str, device: str, auto: str = "float32"):
+    """The torch dtype for ``dtype`` ("auto", "float32", "bfloat16", "float16"); ``auto`` is the
+    pipeline's measured best choice for this device."""
+    import torch
+
+    name = auto if dtype in ("auto", "", None) else dtype
+    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if name not in table:
+        raise TaskError(f"unknown dtype '{dtype}'; use auto, float32, bfloat16 or float16")
+    if name == "float16" and device == "cpu":
+        raise TaskError("float16 is slow or unsupported on CPU; use --dtype bfloat16 or float32")
+    return table[name], name
+
+
+def auto_dtype(device: str, prefer_bf16: bool) -> str:
+    """bf16 where it is fast and the pipeline has checked that accuracy holds, else float32."""
+    if not prefer_bf16:
+        return "float32"
+    if device.startswith("cuda"):
+        return "bfloat16"
+    if device == "cpu" and cpu_has_bf16():
+        return "bfloat16"
+    return "float32"

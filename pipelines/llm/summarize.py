@@ -1,0 +1,147 @@
+"""summarize on transformers: one pass when the text fits the window, else map-reduce.
+
+Map: the text is split at paragraph, then sentence, then word boundaries into chunks that fit
+with room for the answer; each chunk is summarised. Reduce: the partial summaries are joined and
+summarised again (repeatedly, if even they do not fit). Only the final pass streams.
+"""
+
+from __future__ import annotations
+
+import re
+
+from taskrun.pipelines.base import Pipeline as Base
+from taskrun.pipelines.llm.engine import Decoded, Sampling, load_llm
+from taskrun.tasks import events as ev
+from taskrun.tasks.base import TaskError
+from taskrun.tasks.summarize import LENGTHS, Metrics, Summary
+
+INSTRUCTION = "Summarize the following text {how}. Keep names, numbers and decisions.\n\n{text}"
+PART = "Summarize this part of a longer text in a few sentences. Keep names, numbers and decisions.\n\n{text}"
+COMBINE = "These are summaries of consecutive parts of one text. Combine them into one summary {how}.\n\n{text}"
+MAX_ROUNDS = 6
+
+
+class SummarizePipeline(Base):
+    task = "summarize"
+    runtime = "transformers"
+
+    def __init__(self, card, device="auto", dtype="auto"):
+        super().__init__(card, device, dtype)
+        self.llm = load_llm(card, self.device, dtype)
+        self.dtype = self.llm.dtype
+
+    def run(self, inputs, options, clock):
+        stages: list[dict] = []
+        last = None
+        total_chunks = 0
+        for i, inp in enumerate(inputs):
+            try:
+                res, final = yield from self._one(i, inp.text, options, clock, stages)
+            except TaskError as exc:
+                if len(inputs) == 1:
+                    raise
+                yield ev.ItemError(i, inp.source, str(exc))
+                continue
+            last = last or final
+            total_chunks += res.chunks
+            yield ev.Item(i, inp.source, res)
+        n_dec = sum(st["decode_steps"] for st in stages)
+        t_dec = sum(st["decode_s"] for st in stages)
+        yield ev.Done(Metrics(
+            input_tokens=sum(st["input_tokens"] for st in stages),
+            output_tokens=sum(st["output_tokens"] for st in stages),
+            ttft_s=(last.first_token_at or 0.0) if last else 0.0,
+            prefill_s=sum(st["prefill_s"] for st in stages),
+            decode_tokens_per_s=n_dec / t_dec if t_dec > 0 else 0.0,
+            finish_reason=last.finish_reason if last else "",
+            chunks=total_chunks, stages=stages))
+
+    def _one(self, index, text, options, clock, stages):
+        """Summarise one text; yields the final pass's tokens, returns (Summary, its Decoded)."""
+        llm = self.llm
+        window = min(llm.context, options.context or llm.context)
+        answer = options.answer_tokens
+        how = LENGTHS[options.length][1]
+        s = Sampling(max_tokens=answer, temperature=options.temperature, top_p=options.top_p,
+                     seed=options.seed, repeat_penalty=options.repeat_penalty)
+        source_tokens = llm.count(text)
+        overhead = len(llm.prompt_ids(INSTRUCTION.format(how=how, text=""))) + 8
+        budget = window - answer - overhead  # text tokens one pass can read
+        if budget < 32:
+            raise TaskError(f"a {answer}-token summary leaves no room in a {window}-token window; "
+                            f"lower --max-tokens or raise --context")
+        chunks = 1
+        round_ = 0
+        while llm.count(text) > budget:
+            round_ += 1
+            if round_ > MAX_ROUNDS:
+                raise TaskError(f"the partial summaries still do not fit after {MAX_ROUNDS} rounds; "
+                                f"use a shorter --length or a model with a larger window")
+            pieces = split_to_fit(text, budget, llm.count)
+            if round_ == 1:
+                chunks = len(pieces)
+            parts = []
+            for j, piece in enumerate(pieces):
+                yield ev.Progress(j, len(pieces), "chunks", f"map round {round_}")
+                out = Decoded()
+                for _ in llm.stream(llm.prompt_ids(PART.format(text=piece)), s, clock, out):
+                    pass
+                stages.append(_stage(f"map{round_}", j, len(llm.prompt_ids(PART.format(text=piece))), out))
+                parts.append(out.text.strip())
+            yield ev.Progress(len(pieces), len(pieces), "chunks", f"map round {round_}")
+            text = "\n\n".join(parts)  # unlabelled: a small model copies "Part 1:" labels into its answer
+        template = COMBINE if chunks > 1 else INSTRUCTION
+        ids = llm.prompt_ids(template.format(how=how, text=text))
+        out = Decoded()
+        for piece in llm.stream(ids, s, clock, out):
+            if options.stream:
+                yield ev.Token(piece, index)
+        stages.append(_stage("final", 0, len(ids), out))
+        res = Summary(text=out.text.strip(), finish_reason=out.finish_reason, input_tokens=source_tokens,
+                      output_tokens=len(out.token_ids), chunks=chunks, stages=round_ + 1)
+        return res, out
+
+
+def _stage(kind: str, chunk: int, input_tokens: int, out: Decoded) -> dict:
+    return {"stage": kind, "chunk": chunk, "input_tokens": input_tokens, "output_tokens": len(out.token_ids),
+            "prefill_s": round(out.prefill_s, 4), "decode_s": round(out.decode_s, 4),
+            "decode_steps": out.decode_steps,
+            "finish_reason": out.finish_reason}
+
+
+def split_to_fit(text: str, budget: int, count) -> list[str]:
+    """Consecutive pieces of ``text`` of at most ``budget`` tokens each, cut at the largest unit
+    that fits: paragraphs, then sentences, then words."""
+    units = _units(text, budget, count)
+    pieces, cur, cur_n = [], [], 0
+    for u, n in units:
+        if cur and cur_n + n > budget:
+            pieces.append(" ".join(cur))
+            cur, cur_n = [], 0
+        cur.append(u)
+        cur_n += n
+    if cur:
+        pieces.append(" ".join(cur))
+    return pieces
+
+
+def _units(text: str, budget: int, count) -> list[tuple[str, int]]:
+    out = []
+    for para in (p.strip() for p in re.split(r"\n\s*\n", text)):
+        if not para:
+            continue
+        n = count(para)
+        if n <= budget:
+            out.append((para, n))
+            continue
+        for sent in re.split(r"(?<=[.!?])\s+", para):
+            n = count(sent)
+            if n <= budget:
+                out.append((sent, n))
+                continue
+            words = sent.split()
+            step = max(1, len(words) * budget // (2 * n))  # about half a budget of words at a time
+            for k in range(0, len(words), step):
+                w = " ".join(words[k:k + step])
+                out.append((w, count(w)))
+    return out

@@ -1,0 +1,197 @@
+"""Reading audio for speech models in bounded memory: decode → mono → resample → chunks.
+
+A file is decoded by soundfile in blocks, mixed to mono, resampled by soxr's streaming resampler
+(a real band-limited resampler, not interpolation), and cut into chunks of at most ``chunk_s``
+seconds. Each cut falls at the quietest moment in the last ``seam_s`` seconds of the window, so a
+word is not split between two chunks and the chunks tile the audio exactly: nothing is lost and
+nothing is decoded twice. Only about one chunk of audio is ever held, whatever the file's length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from taskrun.tasks.base import TaskError
+
+BLOCK_S = 10.0  # seconds decoded per read: small enough to bound memory, large enough to be fast
+FRAME_S = 0.02  # energy frame for choosing cut points
+QUIET_WINDOW_S = 0.2  # a cut needs this much quiet around it, not one silent sample
+
+
+@dataclass(frozen=True)
+class AudioInfo:
+    path: str
+    samplerate: int
+    channels: int
+    frames: int
+    format: str
+
+    @property
+    def duration_s(self) -> float:
+        return self.frames / self.samplerate if self.samplerate else 0.0
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A piece of the audio at the model's rate; ``start`` is its offset in the file (samples)."""
+
+    start: int
+    samples: np.ndarray  # float32 mono
+    sr: int
+
+    @property
+    def start_s(self) -> float:
+        return self.start / self.sr
+
+    @property
+    def end_s(self) -> float:
+        return (self.start + len(self.samples)) / self.sr
+
+
+def probe(path: str | Path) -> AudioInfo:
+    """What the file holds, or a TaskError that says what is wrong with it and what to do."""
+    import soundfile as sf
+
+    p = Path(path)
+    if not p.exists():
+        raise TaskError(f"{p}: no such file")
+    if p.stat().st_size == 0:
+        raise TaskError(f"{p} is empty (0 bytes); give a recording")
+    try:
+        info = sf.info(str(p))
+    except Exception as exc:  # libsndfile reports every failure as one error type with a message
+        raise _read_error(p, exc) from None
+    if info.samplerate <= 0:
+        raise TaskError(f"{p} declares a sample rate of {info.samplerate} Hz; the header is broken. "
+                        f"Re-export the file (e.g. `sox in.wav -r 16000 out.wav`)")
+    if info.channels <= 0:
+        raise TaskError(f"{p} declares {info.channels} channels; the header is broken. Re-export the file")
+    return AudioInfo(str(p), int(info.samplerate), int(info.channels), int(info.frames), info.format)
+
+
+def _read_error(p: Path, exc: Exception) -> TaskError:
+    head = p.read_bytes()[:64]
+    msg = str(exc).split(":", 1)[-1].strip() or type(exc).__name__
+    rate = _wav_header_rate(head)
+    if rate == 0:
+        return TaskError(f"{p} declares a sample rate of 0 Hz; the header is broken. Re-export the file "
+                         f"(e.g. `sox -r 16000 -e signed -b 16 -c 1 -t raw <data> out.wav` if you know the rate)")
+    if head[:4] in (b"RIFF", b"fLaC", b"OggS", b"FORM", b".snd", b"ID3") or head[:2] in (b"\xff\xfb", b"\xff\xf3"):
+        return TaskError(f"{p} looks like audio but cannot be decoded ({msg}); the file is corrupt or "
+                         f"truncated, or its codec is unsupported: re-export it as wav, flac or ogg")
+    return TaskError(f"{p} is not an audio file taskrun can read ({msg}); give wav, flac, ogg or mp3")
+
+
+def _wav_header_rate(head: bytes) -> int | None:
+    """The sample rate field of a canonical WAV header, read by hand: libsndfile refuses a file
+    whose rate is 0 with a message that does not say so."""
+    import struct
+
+    if head[:4] == b"RIFF" and head[8:12] == b"WAVE" and head[12:16] == b"fmt " and len(head) >= 28:
+        return struct.unpack_from("<I", head, 24)[0]
+    return None
+
+
+def read_blocks(path: str | Path, sr: int, block_s: float = BLOCK_S) -> Iterator[np.ndarray]:
+    """The file as float32 mono blocks at ``sr`` Hz; memory stays at one block however long it is."""
+    import soundfile as sf
+    import soxr
+
+    info = probe(path)
+    block = max(1, int(block_s * info.samplerate))
+    resampler = None if info.samplerate == sr else soxr.ResampleStream(
+        info.samplerate, sr, 1, dtype="float32", quality="HQ")
+    got = 0
+    try:
+        with sf.SoundFile(str(path)) as f:
+            while True:
+                data = f.read(block, dtype="float32", always_2d=True)
+                last = len(data) < block
+                got += len(data)
+                mono = data.mean(axis=1, dtype=np.float32) if data.shape[1] > 1 else data[:, 0]
+                if resampler is not None:
+                    mono = resampler.resample_chunk(np.ascontiguousarray(mono), last=last)
+                if len(mono):
+                    yield np.ascontiguousarray(mono, dtype=np.float32)
+                if last:
+                    break
+    except TaskError:
+        raise
+    except Exception as exc:  # a decode failure part-way through: a truncated or damaged file
+        where = f" after {got / info.samplerate:.1f} s" if got else ""
+        raise TaskError(f"{path} could not be decoded{where} ({exc}); the file is corrupt or "
+                        f"truncated: re-export it") from None
+
+
+def read_audio(path: str | Path, sr: int) -> np.ndarray:
+    """The whole file as one float32 mono array at ``sr`` Hz (for short clips and tests)."""
+    blocks = list(read_blocks(path, sr))
+    return np.concatenate(blocks) if blocks else np.zeros(0, np.float32)
+
+
+def quietest_cut(x: np.ndarray, lo: int, hi: int, sr: int) -> int:
+    """A sample in [lo, hi) in the middle of the longest quietest stretch: the middle of a pause
+    keeps the pause's edges (a word's first and last sounds) with their words."""
+    frame = max(1, int(FRAME_S * sr))
+    seg = x[lo:hi]
+    n = len(seg) // frame
+    if n < 2:
+        return hi
+    energy = (seg[: n * frame].reshape(n, frame) ** 2).mean(axis=1)
+    k = max(1, int(QUIET_WINDOW_S / FRAME_S))
+    smooth = np.convolve(energy, np.ones(k) / k, mode="same") if n >= k else energy
+    quiet = smooth <= smooth.min() * 2 + 1e-10  # within 3 dB of the quietest frame
+    best, run_start, best_len = n - 1, None, 0
+    for i, q in enumerate(np.append(quiet, False)):
+        if q and run_start is None:
+            run_start = i
+        elif not q and run_start is not None:
+            if i - run_start >= best_len:  # ties go to the later run: chunks stay long
+                best, best_len = (run_start + i - 1) // 2, i - run_start
+            run_start = None
+    return lo + best * frame + frame // 2
+
+
+def chunked(blocks: Iterator[np.ndarray], sr: int, chunk_s: float, seam_s: float) -> Iterator[Chunk]:
+    """Cut a stream of blocks into chunks of at most ``chunk_s`` seconds that tile it exactly,
+    each cut at the quietest point of its last ``seam_s`` seconds."""
+    limit = int(chunk_s * sr)
+    seam = min(int(seam_s * sr), limit // 2)
+    buf = np.zeros(0, np.float32)
+    start = 0
+    for block in blocks:
+        buf = np.concatenate([buf, block]) if len(buf) else block
+        while len(buf) > limit:
+            cut = quietest_cut(buf, limit - seam, limit, sr)
+            yield Chunk(start, buf[:cut].copy(), sr)
+            buf, start = buf[cut:], start + cut
+    if len(buf):
+        yield Chunk(start, buf.copy(), sr)
+
+
+def is_silent(x: np.ndarray, floor_db: float = -60.0) -> bool:
+    """True when the chunk never rises above ``floor_db`` dBFS (RMS over 20 ms frames): there is
+    nothing for a speech model to hear, and decoding it only invites invented words."""
+    if not len(x):
+        return True
+    frame = 320
+    n = max(1, len(x) // frame)
+    rms = np.sqrt((x[: n * frame].reshape(n, -1) ** 2).mean(axis=1)) if len(x) >= frame else \
+        np.sqrt(np.array([np.mean(x ** 2)]))
+    return float(rms.max()) < 10 ** (floor_db / 20)
+
+
+def speech_spans(x: np.ndarray, sr: int) -> list[tuple[int, int]]:
+    """Voice activity in a chunk as (start, end) samples, by Silero VAD (shipped in faster-whisper;
+    its ONNX session is built once per process)."""
+    from faster_whisper import vad
+
+    if sr != 16000:
+        raise ValueError("Silero VAD expects 16 kHz audio")
+    # 400 ms of padding as faster-whisper uses: a tighter cut clips the first sound of a word.
+    opts = vad.VadOptions(min_silence_duration_ms=500, speech_pad_ms=400, min_speech_duration_ms=150)
+    return [(int(s["start"]), int(s["end"])) for s in vad.get_speech_timestamps(x, opts, sampling_rate=sr)]

@@ -1,0 +1,117 @@
+"""transcribe on CTranslate2 through faster-whisper: the default for the packaged Whisper weights.
+
+taskrun does the reading, chunking and voice-activity detection (pipelines/speech/transcribe.py) so that
+both runtimes see the same chunks; faster-whisper decodes each chunk of at most 30 s.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# CTranslate2's OpenMP threads spin while idle by default; on a shared machine that steals the
+# cores they are waiting for. Set before faster_whisper loads ctranslate2.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from taskrun.pipelines import cached_model
+from taskrun.pipelines.speech.transcribe import FileState, Piece, SpeechPipeline
+from taskrun.tasks.base import TaskError
+
+# float32 on CPU: the packaged weights are fp16, and CTranslate2 converts them at load; int8 costs
+# ~1.6 s more load for tiny.en and decoded no faster here (see benchmarks/bench_transcribe.py).
+_CPU_DTYPE = "float32"
+
+
+def cpu_threads() -> int:
+    """TASKRUN_THREADS, else every core this process may use (CTranslate2 defaults to 4)."""
+    env = os.environ.get("TASKRUN_THREADS")
+    if env:
+        return int(env)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def ct2_device(device: str) -> str:
+    import ctranslate2
+
+    if device in ("auto", "", None):
+        return "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
+    if device.startswith("cuda"):
+        if ctranslate2.get_cuda_device_count() == 0:
+            raise TaskError(f"--device {device} asked for, but CTranslate2 sees no CUDA device; use --device cpu")
+        return device
+    if device == "cpu":
+        return device
+    raise TaskError(f"the ctranslate2 runtime runs on cpu or cuda, not {device}; use --runtime transformers "
+                    f"for other devices")
+
+
+def compute_type(dtype: str, device: str, settings: dict) -> str:
+    if dtype in ("auto", "", None):
+        return settings.get("compute_type") or ("float16" if device.startswith("cuda") else _CPU_DTYPE)
+    if dtype == "float16" and device == "cpu":
+        raise TaskError("float16 is not supported on CPU by CTranslate2; use --dtype float32 or bfloat16")
+    return dtype
+
+
+def generation_limit(folder) -> int | None:
+    """New tokens per window when the folder's generation_config.json caps them below Whisper's
+    448 (a converted folder may carry one); None keeps faster-whisper's limit."""
+    import json
+
+    try:
+        limit = json.loads((folder / "generation_config.json").read_text()).get("max_length")
+    except (OSError, ValueError):
+        return None
+    return max(1, int(limit) - 4) if limit and int(limit) < 448 else None  # 4: the prompt tokens
+
+
+class CT2Whisper(SpeechPipeline):
+    runtime = "ctranslate2"
+
+    def __init__(self, card, device="auto", dtype="auto"):
+        super().__init__(card, device, dtype)
+        if not (Path(card.path) / "model.bin").exists():
+            raise TaskError(f"`{card.name}` is not a CTranslate2 folder (no model.bin); "
+                            f"run it with --runtime transformers")
+        self.device = ct2_device(device)
+        self.dtype = compute_type(dtype, self.device, card.extra)
+        self.model = cached_model(card, self.runtime, self.device, self.dtype, "whisper", self._load)
+        self.max_new_tokens = generation_limit(Path(card.path))
+
+    def _load(self):
+        from faster_whisper import WhisperModel
+
+        dev, _, index = self.device.partition(":")
+        try:
+            return WhisperModel(self.card.path, device=dev, device_index=int(index or 0),
+                                compute_type=self.dtype, cpu_threads=cpu_threads() if dev == "cpu" else 0,
+                                local_files_only=True)
+        except (RuntimeError, ValueError) as exc:
+            raise TaskError(f"CTranslate2 could not load {self.card.path} ({exc}); the folder is "
+                            f"incomplete or from another CTranslate2 version") from None
+
+    @property
+    def multilingual(self) -> bool:
+        return bool(self.model.model.is_multilingual)
+
+    def languages(self) -> list[str]:
+        return list(self.model.supported_languages)
+
+    def decode(self, samples, options, state: FileState):
+        language = state.language or (None if self.multilingual else "en")
+        segments, info = self.model.transcribe(
+            samples, language=language, task=options.task, beam_size=options.beam_size or 5,
+            vad_filter=False,  # taskrun's own VAD already trimmed this chunk
+            word_timestamps=options.word_timestamps, without_timestamps=False,
+            condition_on_previous_text=True, max_new_tokens=self.max_new_tokens,
+            # The previous window's words, so that each window continues the file's text the way
+            # faster-whisper's own loop conditions on what it decoded before.
+            initial_prompt=state.previous.strip() or None)
+        if state.language is None:  # detected once per file, then kept for every chunk
+            state.language = info.language
+        for s in segments:
+            words = [(w.start, w.end, w.word.strip(), w.probability) for w in s.words] if s.words else None
+            yield Piece(s.start, s.end, s.text, words)

