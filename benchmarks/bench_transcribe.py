@@ -58,7 +58,7 @@ def faster_whisper_path(beam: int, vad: bool = True):
     from faster_whisper import WhisperModel
 
     from taskrun.models.resolve import resolve
-    from taskrun.pipelines.speech.ct2_engine import cpu_threads
+    from taskrun.pipelines.device import cpu_threads
 
     model = WhisperModel(resolve("whisper-tiny.en").path, device="cpu", compute_type="float32",
                          cpu_threads=cpu_threads())

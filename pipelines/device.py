@@ -42,7 +42,34 @@ def configure_threads() -> None:
     _CONFIGURED = True
 
 
+def cpu_threads() -> int:
+    """TASKRUN_THREADS, else every core this process may use (for runtimes with their own pool,
+    such as CTranslate2, which defaults to 4)."""
+    env = os.environ.get("TASKRUN_THREADS")
+    if env:
+        return int(env)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 @contextmanager
+def torch_threads(n: int | None):
+    """Run a block with ``n`` intra-op threads (None or 0: leave torch's setting), then restore it."""
+    import torch
+
+    before = torch.get_num_threads()
+    switch = bool(n) and n != before
+    if switch:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if switch:
+            torch.set_num_threads(before)
+
+
 def decode_threads(device: str):
     """Run token-by-token decoding on one CPU thread (TASKRUN_DECODE_THREADS overrides).
 
@@ -52,18 +79,8 @@ def decode_threads(device: str):
     45 busy; 1 thread 56 quiet, 54 busy; 2 spinning threads 64 quiet, 22 busy. Prefill is
     compute-bound and keeps all threads.
     """
-    import torch
-
     n = int(os.environ.get("TASKRUN_DECODE_THREADS", "1"))
-    before = torch.get_num_threads()
-    switch = device == "cpu" and n > 0 and n != before
-    if switch:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        if switch:
-            torch.set_num_threads(before)
+    return torch_threads(n if device == "cpu" and n > 0 else None)
 
 
 def resolve_device(device: str) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from taskrun.tasks import REGISTRY, get_task
+from taskrun.tasks import REGISTRY
 from taskrun.tasks.base import Input, Task, TaskError, make_options
 from taskrun.tasks.inputs import expand_folder, file_input, lines_of, text_input
 

@@ -123,7 +123,7 @@ def fit_cmd(model, context, batch, dtype, json_mode, offline):
     --dtype, as taskrun runs them) + KV cache (2 × layers × kv-heads × head-dim × context × batch)
     + a fixed runtime overhead, against the RAM available now.
     """
-    from taskrun.pipelines.llm.engine import estimate_fit as estimate
+    from taskrun.models.fit import estimate_fit as estimate
 
     if context <= 0 or batch <= 0:
         raise TaskError("--context and --batch must be at least 1")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from taskrun.tasks.base import Input, Task, TaskError, metric, option, require
+from taskrun.tasks.base import Task, metric, option, require
 
 
 @dataclass(frozen=True)

@@ -13,18 +13,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from taskrun.models.gguf import gguf_file
 from taskrun.tasks.base import ModelCard, TaskError
-
-
-def gguf_file(card: ModelCard) -> Path | None:
-    """The GGUF file a card points at (the file itself, or the single one in its folder)."""
-    p = Path(card.path)
-    if p.is_file():
-        return p if p.suffix == ".gguf" else None
-    if p.is_dir() and not (p / "config.json").exists():
-        found = sorted(p.glob("*.gguf"))
-        return found[0] if found else None
-    return None
 
 
 def converted_dir(card: ModelCard) -> Path:

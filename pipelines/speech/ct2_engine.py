@@ -14,23 +14,13 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from taskrun.pipelines import cached_model
+from taskrun.pipelines.device import cpu_threads
 from taskrun.pipelines.speech.transcribe import FileState, Piece, SpeechPipeline
 from taskrun.tasks.base import TaskError
 
 # float32 on CPU: the packaged weights are fp16, and CTranslate2 converts them at load; int8 costs
 # ~1.6 s more load for tiny.en and decoded no faster here (see benchmarks/bench_transcribe.py).
 _CPU_DTYPE = "float32"
-
-
-def cpu_threads() -> int:
-    """TASKRUN_THREADS, else every core this process may use (CTranslate2 defaults to 4)."""
-    env = os.environ.get("TASKRUN_THREADS")
-    if env:
-        return int(env)
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def ct2_device(device: str) -> str:

@@ -4,7 +4,6 @@ batches with per-image failures, progress, timing, and a few tensor helpers."""
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator
 
 from taskrun.tasks import events as ev
@@ -80,20 +79,6 @@ def rate_metrics(Metrics: type, stats: dict) -> Any:
     """items, items_per_s and latency_s from run_batches' stats."""
     n, s = stats.get("items", 0), stats.get("seconds", 0.0)
     return Metrics(items=n, items_per_s=n / s if s > 0 else 0.0, latency_s=s / n if n else 0.0)
-
-
-@contextmanager
-def torch_threads(n: int | None):
-    """Run a block with ``n`` intra-op threads (None: leave torch's setting), then restore it."""
-    import torch
-
-    old = torch.get_num_threads()
-    if n:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
 
 
 def best_cpu_layout(model: Any, device: str) -> Any:

@@ -16,7 +16,8 @@ from pathlib import Path
 from taskrun.pipelines import cached_model
 from taskrun.pipelines.base import Pipeline as Base
 from taskrun.pipelines.device import resolve_dtype
-from taskrun.pipelines.vision.batching import annotate_item, rate_metrics, run_batches, torch_threads
+from taskrun.pipelines.device import torch_threads
+from taskrun.pipelines.vision.batching import annotate_item, rate_metrics, run_batches
 from taskrun.tasks import events as ev
 from taskrun.tasks.base import TaskError
 from taskrun.tasks.detect import Box, Metrics, Result
