@@ -248,6 +248,22 @@ def locate(name: str, offline: bool = False) -> tuple[Path, dict, str]:
                     f"not a hub id (org/name)")
 
 
+def weights_format(path: Path, architecture: str) -> str:
+    """The file format of a model's weights: gguf, ct2 (CTranslate2), safetensors, bin or pth.
+
+    Engines take formats, not architectures: a Whisper in CTranslate2 format runs on faster-whisper
+    (and on transformers after a conversion), a GGUF on whatever reads GGUF."""
+    if architecture == "WhisperCT2":
+        return "ct2"
+    files = [path] if path.is_file() else [f for f in path.rglob("*") if f.is_file()]
+    suffixes = {f.suffix for f in files}
+    for suffix, fmt in ((".gguf", "gguf"), (".safetensors", "safetensors"), (".bin", "bin"),
+                        (".pth", "pth"), (".pt", "pth")):
+        if suffix in suffixes:
+            return fmt
+    return "unknown"
+
+
 def resolve(name: str, offline: bool = False) -> ModelCard:
     """A ModelCard for ``name``: located, architecture read, tasks known, digest computed (cached)."""
     path, entry, source = locate(name, offline)
@@ -259,7 +275,8 @@ def resolve(name: str, offline: bool = False) -> ModelCard:
     kind = entry.get("kind") or (rule.kind if rule else "")
     return ModelCard(name=name, path=str(path), architecture=arch, tasks=tasks, runtime=runtime,
                      runtimes=runtimes, size_bytes=dir_size(path), digest=digest_path(path, cache_dir()),
-                     source=source, kind=kind, extra=dict(entry.get("settings", {})))
+                     source=source, kind=kind, extra=dict(entry.get("settings", {})),
+                     format=weights_format(path, arch))
 
 
 def list_models(offline: bool = True) -> list[dict]:
@@ -276,6 +293,6 @@ def list_models(offline: bool = True) -> list[dict]:
         else:
             row.update(available=True, path=card.path, size_bytes=card.size_bytes, digest=card.digest,
                        runtime=card.runtime, runtimes=list(card.runtimes), tasks=list(card.tasks),
-                       architecture=card.architecture, source=card.source)
+                       architecture=card.architecture, source=card.source, format=card.format)
         rows.append(row)
     return rows

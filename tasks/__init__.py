@@ -1,7 +1,8 @@
 """The task registry: a plain dict, task name → Task. `run tasks` prints it.
 
-Adding a task: write ``tasks/<name>.py`` with a ``TASK`` object and ``pipelines/<name>_<runtime>.py``
-with a ``Pipeline`` class, then add one line below.
+Adding a task: write ``tasks/<name>.py`` with a ``TASK`` object and add one line below; the
+README's "Adding a task" names the other files (pipeline, table row, architecture rule, default
+model, tiny test model).
 """
 
 from __future__ import annotations
@@ -29,12 +30,3 @@ def get_task(name: str) -> Task:
         return REGISTRY[name]
     except KeyError:
         raise TaskError(f"no task named '{name}'; `run tasks` lists them: {', '.join(REGISTRY)}") from None
-
-
-# Which task to suggest for an input of a given kind when the user picked one that does not fit.
-_FOR_KIND = {"audio": "transcribe", "image": "classify", "text": "embed"}
-
-
-def suggest_task(kind: str) -> str | None:
-    name = _FOR_KIND.get(kind)
-    return name if name in REGISTRY else None

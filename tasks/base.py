@@ -239,15 +239,18 @@ def check_model_serves(task: Task, card: ModelCard) -> None:
                     f"Pick one with --model (see `run models`).")
 
 
-def check_input_kind(task: Task, inp: Input) -> None:
-    from taskrun.tasks import suggest_task  # the registry knows which task takes which kind
+# Which task to suggest for an input of a given kind when the user picked one that does not fit
+# (tests/test_contract.py checks that each names a registered task taking that kind).
+TASK_FOR_KIND = {"audio": "transcribe", "image": "classify", "text": "embed"}
 
+
+def check_input_kind(task: Task, inp: Input) -> None:
     if inp.kind in task.input_kinds:
         return
     if inp.kind == "binary":
         raise TaskError(f"{inp.describe()} is not text, an image or audio that taskrun can read; "
                         f"{task.name} takes {task.takes}")
-    other = suggest_task(inp.kind)
+    other = TASK_FOR_KIND.get(inp.kind)
     hint = f"; for {inp.kind}, use `run {other}`" if other else ""
     raise TaskError(f"{inp.describe()} is {_a(inp.kind)} file, but {task.name} takes "
                     f"{task.takes}{hint}")

@@ -9,6 +9,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from taskrun.pipelines import RUNTIMES
 from taskrun.runner.cli import main
 from taskrun.tasks import REGISTRY
 from taskrun.tasks.base import TaskError, make_options
@@ -55,17 +56,54 @@ def test_describe_is_json(task):
     assert d["takes"] and d["returns"] and d["measures"]
 
 
-def test_task_runs_end_to_end_on_its_tiny_model(task, tiny_dir, tmp_path):
-    """Every task has a tiny random model (tests/tiny/<task>.py) and runs through the CLI on it."""
-    tiny = importlib.import_module(f"tests.tiny.{task.name}")
-    case = tiny.case(tiny_dir)
-    args = [task.name, *case.args, "--model", case.model, "--json", "-q", *case.options]
-    if case.runtime:
-        args += ["--runtime", case.runtime]
+@pytest.fixture(params=sorted(RUNTIMES), ids="{0[0]}-{0[1]}".format)
+def row(request):
+    return request.param
+
+
+def with_aliases(case, tmp_path, monkeypatch) -> None:
+    """The shipped models.toml plus the aliases a tiny case needs (a bare state dict does not say
+    what network it is)."""
+    if not case.aliases:
+        return
+    import tomllib
+
+    from taskrun.models.resolve import config_path
+
+    config = tomllib.loads(config_path().read_text())
+    config["models"].update(case.aliases)
+    path = tmp_path / "models.toml"
+    path.write_text(to_toml(config))
+    monkeypatch.setenv("TASKRUN_MODELS_TOML", str(path))
+
+
+def to_toml(config: dict) -> str:
+    def value(v):
+        return json.dumps(v)  # strings, numbers, booleans and arrays of them read back as TOML
+
+    lines = ["[defaults]"] + [f"{json.dumps(k)} = {value(v)}" for k, v in config["defaults"].items()]
+    for name, entry in config["models"].items():
+        lines.append(f"\n[models.{json.dumps(name)}]")
+        lines += [f"{k} = {value(v)}" for k, v in entry.items() if not isinstance(v, dict)]
+        for k, v in entry.items():
+            if isinstance(v, dict):
+                lines.append(f"[models.{json.dumps(name)}.{k}]")
+                lines += [f"{kk} = {value(vv)}" for kk, vv in v.items()]
+    return "\n".join(lines) + "\n"
+
+
+def test_every_runtime_runs_end_to_end_on_its_tiny_model(row, tiny_dir, tmp_path, monkeypatch):
+    """Every (task, runtime) row of the pipelines table has a tiny random model
+    (tests/tiny/<task>.py) and runs through the CLI on it."""
+    name, runtime = row
+    task = REGISTRY[name]
+    case = importlib.import_module(f"tests.tiny.{name}").case(tiny_dir, runtime)
+    with_aliases(case, tmp_path, monkeypatch)
+    args = [name, *case.args, "--model", case.model, "--runtime", runtime, "--json", "-q", *case.options]
     result = CliRunner().invoke(main, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout.strip().splitlines()[-1])
-    assert out["task"] == task.name and out["status"] == "ok"
+    assert out["task"] == name and out["status"] == "ok" and out["runtime"] == runtime
     assert out["items"], "no results"
     assert out["model"]["digest"].startswith("sha256:")
     m = out["metrics"]
@@ -74,3 +112,14 @@ def test_task_runs_end_to_end_on_its_tiny_model(task, tiny_dir, tmp_path):
     assert expected <= set(m), f"missing metrics: {expected - set(m)}"
     log = CliRunner().invoke(main, ["logs", "show", out["id"]])
     assert log.exit_code == 0 and json.loads(log.stdout)["status"] == "ok"
+
+
+def test_every_task_has_a_runtime():
+    assert {task for task, _ in RUNTIMES} == set(REGISTRY)
+
+
+def test_the_task_suggested_for_each_input_kind_takes_that_kind():
+    from taskrun.tasks.base import TASK_FOR_KIND
+
+    for kind, name in TASK_FOR_KIND.items():
+        assert kind in REGISTRY[name].input_kinds

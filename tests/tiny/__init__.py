@@ -1,8 +1,9 @@
 """Tiny random models of the real architectures, built in code, one module per task.
 
-Each ``tests/tiny/<task>.py`` defines ``case(root: Path) -> TinyCase``: a saved tiny model and
-inputs that the task accepts. The contract test (tests/test_contract.py) runs every registered
-task through the CLI on its tiny case, so a new task without one fails the suite.
+Each ``tests/tiny/<task>.py`` defines ``case(root: Path, runtime: str) -> TinyCase``: a saved tiny
+model and inputs that the task accepts on that runtime. The contract test (tests/test_contract.py)
+runs every (task, runtime) row of the pipelines table through the CLI on its tiny case, so a new
+task or runtime without one fails the suite.
 Builders are seeded and cached under ``root`` (built once per test run).
 """
 
@@ -18,6 +19,11 @@ class TinyCase:
     args: list[str]  # positional CLI arguments (texts or file paths)
     options: list[str] = field(default_factory=list)  # extra CLI options, e.g. ["--labels", "a,b"]
     runtime: str | None = None
+    aliases: dict = field(default_factory=dict)  # extra models.toml entries the model needs
+
+
+def no_case(task: str, runtime: str):
+    raise LookupError(f"tests/tiny/{task}.py has no tiny case for the {runtime} runtime; add one")
 
 
 def once(root: Path, name: str) -> tuple[Path, bool]:

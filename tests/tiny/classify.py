@@ -1,6 +1,16 @@
-from tests.tiny import TinyCase
+from tests.tiny import TinyCase, no_case
 from tests.tiny.bert import build
+from tests.tiny.torch_vision import alias, build_efficientnet
+from tests.tiny.vision import picture
 
 
-def case(root):
-    return TinyCase(model=str(build(root)), args=["good movie", "bad movie"], options=["--labels", "good,bad"])
+def case(root, runtime="transformers"):
+    if runtime == "transformers":
+        return TinyCase(model=str(build(root)), args=["good movie", "bad movie"],
+                        options=["--labels", "good,bad"])
+    if runtime == "torch":
+        return TinyCase(model="tiny-efficientnet", args=[str(picture(root / "tiny-images"))],
+                        options=["-k", "3"], runtime="torch",
+                        aliases=alias("tiny-efficientnet", build_efficientnet(root), "EfficientNetLite0",
+                                      "classify", "image-classification"))
+    no_case("classify", runtime)

@@ -1,6 +1,8 @@
-from tests.tiny import TinyCase
+from tests.tiny import TinyCase, no_case
 from tests.tiny.bert import build
 
 
-def case(root):
+def case(root, runtime="transformers"):
+    if runtime != "transformers":
+        no_case("embed", runtime)
     return TinyCase(model=str(build(root)), args=["the cat", "a dog", "stock prices"])

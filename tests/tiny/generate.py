@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.tiny import TinyCase, done, once
+from tests.tiny import TinyCase, done, no_case, once
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -47,6 +47,8 @@ def build(root: Path) -> Path:
     return folder
 
 
-def case(root):
+def case(root, runtime="transformers"):
+    if runtime != "transformers":
+        no_case("generate", runtime)
     return TinyCase(model=str(build(root)), args=["What is the capital of France?"],
                     options=["--max-tokens", "8", "--seed", "1"])

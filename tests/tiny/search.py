@@ -1,8 +1,10 @@
-from tests.tiny import TinyCase
+from tests.tiny import TinyCase, no_case
 from tests.tiny.bert import build
 
 
-def case(root):
+def case(root, runtime="transformers"):
+    if runtime != "transformers":
+        no_case("search", runtime)
     corpus = root / "tiny-corpus"
     corpus.mkdir(exist_ok=True)
     (corpus / "a.md").write_text("the cat sat\n\nthe dog barked\n\nstock prices fell\n")

@@ -1,6 +1,9 @@
-from tests.tiny import TinyCase
-from tests.tiny.whisper import build, clip
+from tests.tiny import TinyCase, no_case
+from tests.tiny.whisper import build, build_ct2, clip
 
 
-def case(root):
-    return TinyCase(model=str(build(root)), args=[str(clip(root))], runtime="transformers")
+def case(root, runtime="transformers"):
+    builders = {"transformers": build, "ctranslate2": build_ct2}
+    if runtime not in builders:
+        no_case("transcribe", runtime)
+    return TinyCase(model=str(builders[runtime](root)), args=[str(clip(root))], runtime=runtime)

@@ -1,0 +1,190 @@
+"""The shape of the package: one import name, imports that flow one way, no cycles, small units.
+
+Layers, from the top: runner (the front doors: CLI, chains, run log) → pipelines (how a task
+runs) → models (torch-free resolution) → tasks (what a task is). A module may import its own
+layer or a lower one, never a higher one, and no set of modules may import each other in a ring,
+lazy imports inside functions included (they are dependencies all the same).
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LAYERS = ["tasks", "models", "pipelines", "runner"]  # lowest first
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+
+
+def modules(root: Path) -> dict[str, Path]:
+    """Module name → file, for every Python file of the layered packages under ``root``."""
+    out = {}
+    for layer in LAYERS + ["configs"]:
+        for f in sorted((root / layer).rglob("*.py")):
+            parts = list(f.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(["taskrun", *parts])] = f
+    return out
+
+
+def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The taskrun modules that ``name`` imports anywhere in its file (``from X import y`` counts
+    as importing X.y when that is a module, else X)."""
+    is_pkg = path.name == "__init__.py"
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against this module's package
+                pkg = name.split(".") if is_pkg else name.split(".")[:-1]
+                pkg = pkg[: len(pkg) - node.level + 1]
+                base = ".".join(pkg + ([base] if base else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        else:
+            continue
+        out |= {t for t in targets if t.startswith("taskrun.") and t != name}
+    return out
+
+
+def graph(root: Path) -> dict[str, set[str]]:
+    known = modules(root)
+    return {name: imports_of(name, path, known) for name, path in known.items()}
+
+
+def layer(module: str) -> int:
+    top = module.split(".")[1]
+    return LAYERS.index(top) if top in LAYERS else -1  # configs holds data: the bottom
+
+
+def back_imports(g: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{m} imports {t}" for m, ts in g.items() for t in ts if layer(t) > layer(m))
+
+
+def cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in g.get(v, ()):
+            if w not in g:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 5000))
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return found
+
+
+# --------------------------------------------------------------------------- the rules, on the code
+
+
+def test_imports_flow_down_the_layers():
+    assert back_imports(graph(ROOT)) == []
+
+
+def test_no_import_cycles():
+    assert cycles(graph(ROOT)) == []
+
+
+def test_the_checks_catch_a_back_import_and_a_cycle(tmp_path):
+    """The same checks, on a small tree with one back-import and one ring, report both."""
+    files = {
+        "tasks/__init__.py": "",
+        "tasks/base.py": "from taskrun.runner.jobs import run_job\n",  # tasks → runner: up
+        "runner/__init__.py": "",
+        "runner/jobs.py": "def run_job():\n    from taskrun.runner import cli\n",
+        "runner/cli.py": "from taskrun.runner.jobs import run_job\n",  # cli ↔ jobs: a ring
+    }
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    g = graph(tmp_path)
+    assert back_imports(g) == ["taskrun.tasks.base imports taskrun.runner.jobs"]
+    assert cycles(g) == [["taskrun.runner.cli", "taskrun.runner.jobs"]]
+
+
+def test_modules_and_functions_stay_small():
+    long_modules, long_functions = [], []
+    for name, path in modules(ROOT).items():
+        text = path.read_text()
+        if text.count("\n") > MAX_MODULE_LINES:
+            long_modules.append(f"{name}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    long_functions.append(f"{name}.{node.name}: {n} lines")
+    assert long_modules == [] and long_functions == []
+
+
+def test_pipelines_are_family_subpackages():
+    flat = sorted(p.name for p in (ROOT / "pipelines").glob("*.py"))
+    assert flat == ["__init__.py", "base.py", "device.py"], flat
+    families = sorted(p.name for p in (ROOT / "pipelines").iterdir() if (p / "__init__.py").exists())
+    assert families == ["diffusion", "llm", "speech", "text", "vision"]
+
+
+# --------------------------------------------------------------------------- the wheel
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The wheel built from the committed-or-not files git tracks, outside the checkout."""
+    src = tmp_path_factory.mktemp("src")
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, check=True,
+                           capture_output=True, text=True).stdout.split("\n")
+    for rel in filter(None, files):
+        if (ROOT / rel).is_file():
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            (src / rel).write_bytes((ROOT / rel).read_bytes())
+    out = tmp_path_factory.mktemp("dist")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "--no-index", "-w", str(out), str(src)], check=True, capture_output=True)
+    return next(out.glob("taskrun-*.whl"))
+
+
+def test_the_wheel_installs_one_import_name(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert tops == {"taskrun"}
+
+
+def test_the_wheel_holds_every_module_and_data_file(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    expected = {"taskrun/" + str(p.relative_to(ROOT)) for p in modules(ROOT).values()}
+    expected |= {"taskrun/configs/models.toml", "taskrun/configs/chains/meeting-notes.toml",
+                 "taskrun/pipelines/vision/imagenet_classes.txt",
+                 "taskrun/pipelines/diffusion/digits-ddpm/unet/diffusion_pytorch_model.safetensors"}
+    assert expected <= names, sorted(expected - names)
