@@ -1,0 +1,40 @@
+"""Model resolution facts that engines choose by: the weights' file format."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from taskrun.models.resolve import resolve, weights_format
+
+
+@pytest.mark.parametrize("files, architecture, expected", [
+    (["config.json", "model.safetensors"], "BertModel", "safetensors"),
+    (["config.json", "pytorch_model.bin"], "BertModel", "bin"),
+    (["config.json", "model.bin", "vocabulary.txt"], "WhisperCT2", "ct2"),
+    (["SmolLM2.Q4_1.gguf"], "LlamaForCausalLM", "gguf"),
+    (["model_index.json", "unet/diffusion_pytorch_model.safetensors"], "DDPMPipeline", "safetensors"),
+    (["pnet.pt", "rnet.pt", "onet.pt"], "MTCNN", "pth"),
+    (["notes.txt"], "unknown", "unknown"),
+])
+def test_weights_format_is_read_from_the_files(tmp_path, files, architecture, expected):
+    for rel in files:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"x")
+    assert weights_format(tmp_path, architecture) == expected
+
+
+def test_a_single_weights_file_has_its_format(tmp_path):
+    f = tmp_path / "efficientnet-lite0.pth"
+    f.write_bytes(b"x")
+    assert weights_format(f, "EfficientNetLite0") == "pth"
+
+
+def test_the_card_carries_the_format(tmp_path):
+    folder = tmp_path / "bert"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"architectures": ["BertModel"]}))
+    (folder / "model.safetensors").write_bytes(b"x")
+    card = resolve(str(folder))
+    assert (card.format, card.architecture, card.tasks[0]) == ("safetensors", "BertModel", "embed")
