@@ -13,6 +13,7 @@ from taskrun.pipelines import RUNTIMES
 from taskrun.runner.cli import main
 from taskrun.tasks import REGISTRY
 from taskrun.tasks.base import TaskError, make_options
+from tests.tiny import models_toml_with
 
 TOKEN_FIELDS = {"input_tokens", "output_tokens", "ttft_s", "decode_tokens_per_s", "tokens_per_s", "prefill_s"}
 TEXT_GENERATION = {"generate", "summarize"}
@@ -61,44 +62,14 @@ def row(request):
     return request.param
 
 
-def with_aliases(case, tmp_path, monkeypatch) -> None:
-    """The shipped models.toml plus the aliases a tiny case needs (a bare state dict does not say
-    what network it is)."""
-    if not case.aliases:
-        return
-    import tomllib
-
-    from taskrun.models.resolve import config_path
-
-    config = tomllib.loads(config_path().read_text())
-    config["models"].update(case.aliases)
-    path = tmp_path / "models.toml"
-    path.write_text(to_toml(config))
-    monkeypatch.setenv("TASKRUN_MODELS_TOML", str(path))
-
-
-def to_toml(config: dict) -> str:
-    def value(v):
-        return json.dumps(v)  # strings, numbers, booleans and arrays of them read back as TOML
-
-    lines = ["[defaults]"] + [f"{json.dumps(k)} = {value(v)}" for k, v in config["defaults"].items()]
-    for name, entry in config["models"].items():
-        lines.append(f"\n[models.{json.dumps(name)}]")
-        lines += [f"{k} = {value(v)}" for k, v in entry.items() if not isinstance(v, dict)]
-        for k, v in entry.items():
-            if isinstance(v, dict):
-                lines.append(f"[models.{json.dumps(name)}.{k}]")
-                lines += [f"{kk} = {value(vv)}" for kk, vv in v.items()]
-    return "\n".join(lines) + "\n"
-
-
 def test_every_runtime_runs_end_to_end_on_its_tiny_model(row, tiny_dir, tmp_path, monkeypatch):
     """Every (task, runtime) row of the pipelines table has a tiny random model
     (tests/tiny/<task>.py) and runs through the CLI on it."""
     name, runtime = row
     task = REGISTRY[name]
     case = importlib.import_module(f"tests.tiny.{name}").case(tiny_dir, runtime)
-    with_aliases(case, tmp_path, monkeypatch)
+    if case.aliases:
+        monkeypatch.setenv("TASKRUN_MODELS_TOML", str(models_toml_with(case.aliases, tmp_path)))
     args = [name, *case.args, "--model", case.model, "--runtime", runtime, "--json", "-q", *case.options]
     result = CliRunner().invoke(main, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output

@@ -9,12 +9,16 @@ lazy imports inside functions included (they are dependencies all the same).
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
+
+from taskrun.pipelines.text.engine import TextEncoderEngine
 
 ROOT = Path(__file__).resolve().parent.parent
 LAYERS = ["tasks", "models", "pipelines", "runner"]  # lowest first
@@ -188,3 +192,49 @@ def test_the_wheel_holds_every_module_and_data_file(wheel):
                  "taskrun/pipelines/vision/imagenet_classes.txt",
                  "taskrun/pipelines/diffusion/digits-ddpm/unet/diffusion_pytorch_model.safetensors"}
     assert expected <= names, sorted(expected - names)
+
+
+# --------------------------------------------------------------------------- a runtime through the table
+
+
+class FakeEncoder(TextEncoderEngine):
+    """A text-encoder engine with no weights: a text's vector counts its letters a–z."""
+
+    runtime = "fake"
+
+    def __init__(self, card, device, dtype):
+        self.device, self.dtype, self.dim, self.max_tokens = "cpu", "float32", 26, 64
+
+    def tokenize(self, texts):
+        return [[ord(c) for c in t.lower() if "a" <= c <= "z"] for t in texts]
+
+    def encode_batch(self, ids):
+        out = np.zeros((len(ids), self.dim), dtype=np.float32)
+        for row, seq in enumerate(ids):
+            for i in seq:
+                out[row, i - ord("a")] += 1
+        return out
+
+
+def test_a_runtime_is_added_through_the_table_alone(tiny_dir, tmp_path, monkeypatch):
+    """One engine class and one table row: embed runs on it, and the run log says so. (The model
+    offers the runtime through its models.toml entry, which is configuration, not code.)"""
+    from click.testing import CliRunner
+
+    from taskrun.pipelines import RUNTIMES, Runtime
+    from taskrun.runner.cli import main
+    from tests.tiny import models_toml_with
+    from tests.tiny.bert import build
+
+    monkeypatch.setitem(RUNTIMES, ("embed", "fake"), Runtime(
+        "taskrun.pipelines.text.embed:EmbedPipeline", engine=f"{__name__}:FakeEncoder"))
+    aliases = {"tiny-fake": {"local": str(build(tiny_dir)), "runtimes": ["transformers", "fake"]}}
+    monkeypatch.setenv("TASKRUN_MODELS_TOML", str(models_toml_with(aliases, tmp_path)))
+    r = CliRunner().invoke(main, ["embed", "abc", "cab", "zzz", "-m", "tiny-fake", "--runtime", "fake",
+                                  "--json", "-q"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert (out["status"], out["runtime"], out["metrics"]["dim"]) == ("ok", "fake", 26)
+    a, b, z = (np.array(it["result"]["vector"]) for it in out["items"])
+    assert np.allclose(a, b) and a @ z == 0  # same letters, same vector; none shared, orthogonal
+    assert json.loads(CliRunner().invoke(main, ["logs", "show", out["id"]]).stdout)["runtime"] == "fake"

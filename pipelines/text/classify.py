@@ -1,7 +1,8 @@
 """classify on transformers.
 
-Text, zero-shot: embed the inputs and the labels (phrased through --template) with a sentence
-encoder, then softmax the cosine similarities (scaled as CLIP-style zero-shot does).
+Text, zero-shot: embed the inputs and the labels (phrased through --template) with the text-encoder
+engine the RUNTIMES row names, then softmax the cosine similarities (scaled as CLIP-style zero-shot
+does).
 Text, trained head: any *ForSequenceClassification model with its own id2label.
 Images: any AutoModelForImageClassification, in pipelines/vision/hf_classify.py.
 """
@@ -13,7 +14,7 @@ import numpy as np
 from taskrun.pipelines import cached_model
 from taskrun.pipelines.base import Pipeline as Base
 from taskrun.pipelines.device import auto_dtype, resolve_dtype
-from taskrun.pipelines.text.encoder import text_encoder
+from taskrun.pipelines.text.encoder import encode
 from taskrun.tasks import events as ev
 from taskrun.tasks.clock import timed
 from taskrun.tasks.classify import Label, Metrics, Result
@@ -27,10 +28,10 @@ class ClassifyPipeline(Base):
     task = "classify"
     runtime = "transformers"
 
-    def __init__(self, card, device="auto", dtype="auto"):
+    def __init__(self, card, device="auto", dtype="auto", *, engine):
         super().__init__(card, device, dtype)
         if card.kind == "sentence-embedding":
-            self.impl = _ZeroShot(card, device, dtype)
+            self.impl = _ZeroShot(engine.load(card, device, dtype))
         elif card.kind == "text-classification":
             self.impl = _SequenceClassifier(card, self.device, dtype)
         else:
@@ -51,14 +52,14 @@ class ClassifyPipeline(Base):
 
 
 class _ZeroShot:
-    def __init__(self, card, device, dtype):
-        self.encoder = text_encoder(card, device, dtype)
-        self.device, self.dtype = self.encoder.device, self.encoder.dtype
+    def __init__(self, encoder):
+        self.encoder = encoder
+        self.device, self.dtype = encoder.device, encoder.dtype
 
     def run(self, inputs, options):
         labels = list(options.labels)
-        label_vecs, _, _ = self.encoder.encode([options.template.format(x) for x in labels])
-        vecs, _, _ = self.encoder.encode([inp.text for inp in inputs], options.batch_size)
+        label_vecs = encode(self.encoder, [options.template.format(x) for x in labels]).vectors
+        vecs = encode(self.encoder, [inp.text for inp in inputs], options.batch_size).vectors
         sims = vecs @ label_vecs.T
         probs = _softmax(sims * ZERO_SHOT_SCALE)
         for i, inp in enumerate(inputs):

@@ -1,116 +1,76 @@
-"""A sentence encoder on transformers: tokenise, forward, mean-pool, L2-normalise.
+"""Sentence encoding over any text-encoder engine: truncate, length-sort, batch, normalise.
 
-Shared by embed, search and zero-shot classify, and cached per (model, device, dtype), so a job
-that needs it twice loads it once. Matches sentence-transformers' output for mean-pooling models.
-
-Speed on CPU comes from two things measured in benchmarks/bench_embed.py: texts are sorted by
-length so each batch pads only to its own longest text, and bf16 weights where the CPU has bf16
-matrix units (AMX), with pooling and normalisation in float32.
+Written once for every runtime (the engines are in pipelines/text/engine.py) and shared by embed,
+search and zero-shot classify. Speed on CPU comes largely from the sorting, measured in
+benchmarks/bench_embed.py: each batch pads only to its own longest text, not the longest overall.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
-from taskrun.pipelines import cached_model
-from taskrun.pipelines.device import auto_dtype, resolve_device, resolve_dtype
-from taskrun.tasks.base import ModelCard, TaskError
+from taskrun.pipelines.base import Pipeline
+from taskrun.pipelines.text.engine import TextEncoderEngine
 
 
-class TextEncoder:
-    def __init__(self, card: ModelCard, device: str, dtype: str) -> None:
-        import torch
-        from transformers import AutoModel, AutoTokenizer
+class Encoding:
+    """The vectors of ``texts`` (float32, in input order), with the tokens read per text and whether
+    the model's window cut each one.
 
-        self.device = resolve_device(device)
-        self.torch_dtype, self.dtype = resolve_dtype(dtype, self.device, auto_dtype(self.device, prefer_bf16=True))
-        try:
-            self.tokenizer = AutoTokenizer.from_pretrained(card.path)
-            # On CPU, sentence-length sequences are too short for SDPA's flash kernel to pay:
-            # eager attention measured ~4% faster end to end (a fifth of the time is attention).
-            attn = {"attn_implementation": "eager"} if self.device == "cpu" else {}
-            self.model = AutoModel.from_pretrained(card.path, dtype=self.torch_dtype, **attn).to(self.device).eval()
-        except (OSError, ValueError, json.JSONDecodeError) as exc:
-            raise TaskError(f"could not load {card.name} from {card.path}: {str(exc).splitlines()[0]}; "
-                            f"the folder may be corrupt or incomplete: re-install or re-download it") from None
-        self.max_length = _max_seq_length(Path(card.path), self.tokenizer)
-        self.pooling = _pooling_mode(Path(card.path))
-        self.dim = self.model.config.hidden_size
-        self._token_types = getattr(self.model.config, "type_vocab_size", 0) > 0
-        self._torch = torch
+    ``steps()`` fills them batch by batch and yields the count of texts done after each, so a
+    pipeline can report progress and time the work with ``timed``; ``encode()`` runs it to the end.
+    """
 
-    def encode(self, texts: list[str], batch_size: int = 64, normalize: bool = True
-               ) -> tuple[np.ndarray, list[int], list[bool]]:
-        """Vectors (float32, in input order), tokens read per text, and whether each was truncated."""
-        steps = self.encode_steps(texts, batch_size, normalize)
-        while True:
-            try:
-                next(steps)
-            except StopIteration as stop:
-                return stop.value
+    def __init__(self, engine: TextEncoderEngine, texts: list[str], batch_size: int = 64,
+                 normalize: bool = True) -> None:
+        self.engine, self.texts, self.batch_size, self.normalize = engine, texts, batch_size, normalize
+        self.vectors = np.zeros((len(texts), engine.dim), dtype=np.float32)
+        self.tokens: list[int] = []
+        self.truncated: list[bool] = []
 
-    def encode_steps(self, texts: list[str], batch_size: int = 64, normalize: bool = True):
-        """Like ``encode``, but a generator: yields the count of texts done after each batch and
-        returns encode's result, so a pipeline can report progress as it goes."""
-        torch = self._torch
-        # Tokenise once, untruncated: the lengths sort the batches (each pads only to its own
-        # longest text) and tell which texts the window cut.
-        ids = self.tokenizer(texts, add_special_tokens=True, truncation=False)["input_ids"]
-        truncated = [len(x) > self.max_length for x in ids]
-        ids = [x if len(x) <= self.max_length else x[: self.max_length - 1] + x[-1:] for x in ids]
-        tokens = [len(x) for x in ids]
-        order = sorted(range(len(texts)), key=lambda i: tokens[i], reverse=True)
-        pad = self.tokenizer.pad_token_id or 0
-        out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        for start in range(0, len(order), batch_size):
-            idx = order[start:start + batch_size]
-            width = tokens[idx[0]]
-            input_ids = torch.full((len(idx), width), pad, dtype=torch.long)
-            mask = torch.zeros((len(idx), width), dtype=torch.long)
-            for j, i in enumerate(idx):
-                input_ids[j, : tokens[i]] = torch.tensor(ids[i])
-                mask[j, : tokens[i]] = 1
-            hidden = self.model(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
-                                token_type_ids=torch.zeros_like(input_ids).to(self.device)
-                                if self._token_types else None).last_hidden_state.float()
-            m = mask.to(self.device).unsqueeze(-1).float()
-            if self.pooling == "cls":
-                vec = hidden[:, 0]
-            else:
-                vec = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
-            if normalize:
-                vec = torch.nn.functional.normalize(vec, p=2, dim=1)
-            out[idx] = vec.cpu().numpy()
-            yield min(start + batch_size, len(order))
-        return out, tokens, truncated
+    def steps(self) -> Iterator[int]:
+        """Encode every text; yields the number done after each batch."""
+        ids = self._tokenize()
+        order = sorted(range(len(ids)), key=lambda i: self.tokens[i], reverse=True)
+        for start in range(0, len(order), self.batch_size):
+            idx = order[start:start + self.batch_size]
+            vec = self.engine.encode_batch([ids[i] for i in idx])
+            self.vectors[idx] = _l2_normalize(vec) if self.normalize else vec
+            yield min(start + self.batch_size, len(order))
+
+    def _tokenize(self) -> list[list[int]]:
+        # Tokenise once, untruncated: the lengths sort the batches and tell which texts the window
+        # cut. A cut text keeps its closing special token, as the tokenizer's own truncation does.
+        limit = self.engine.max_tokens
+        ids = self.engine.tokenize(self.texts)
+        self.truncated = [len(x) > limit for x in ids]
+        ids = [x if len(x) <= limit else x[: limit - 1] + x[-1:] for x in ids]
+        self.tokens = [len(x) for x in ids]
+        return ids
 
 
-def _max_seq_length(path: Path, tokenizer) -> int:
-    st = path / "sentence_bert_config.json"
-    if st.exists():
-        try:
-            return int(json.loads(st.read_text())["max_seq_length"])
-        except (KeyError, ValueError, json.JSONDecodeError):
-            pass
-    n = getattr(tokenizer, "model_max_length", 512)
-    return n if n and n < 100_000 else 512
+class EncoderPipeline(Pipeline):
+    """A pipeline driven by a text-encoder engine: the RUNTIMES row names the engine class, and the
+    runtime, device and dtype reported are the ones the engine chose."""
+
+    def __init__(self, card, device: str = "auto", dtype: str = "auto", *,
+                 engine: type[TextEncoderEngine]) -> None:
+        super().__init__(card, device, dtype)
+        self.encoder = engine.load(card, device, dtype)
+        self.runtime, self.device, self.dtype = self.encoder.runtime, self.encoder.device, self.encoder.dtype
 
 
-def _pooling_mode(path: Path) -> str:
-    cfg = path / "1_Pooling" / "config.json"
-    if cfg.exists():
-        try:
-            c = json.loads(cfg.read_text())
-            if c.get("pooling_mode_cls_token"):
-                return "cls"
-        except json.JSONDecodeError:
-            pass
-    return "mean"
+def encode(engine: TextEncoderEngine, texts: list[str], batch_size: int = 64,
+           normalize: bool = True) -> Encoding:
+    """``texts`` encoded to the end, for callers that report no progress."""
+    enc = Encoding(engine, texts, batch_size, normalize)
+    for _ in enc.steps():
+        pass
+    return enc
 
 
-def text_encoder(card: ModelCard, device: str, dtype: str) -> TextEncoder:
-    return cached_model(card, "transformers", device, dtype, "text-encoder",
-                        lambda: TextEncoder(card, device, dtype))
+def _l2_normalize(vec: np.ndarray) -> np.ndarray:
+    # The same floor as torch.nn.functional.normalize, so an all-zero vector stays zero.
+    return vec / np.maximum(np.linalg.norm(vec, axis=1, keepdims=True), 1e-12)

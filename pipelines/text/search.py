@@ -1,4 +1,4 @@
-"""search on transformers: split a corpus into passages, embed them once, rank by cosine.
+"""search on any text-encoder engine: split a corpus into passages, embed them once, rank by cosine.
 
 Corpus vectors are cached on disk keyed by the model digest and the corpus content hash (plus the
 splitting settings), so a second search over an unchanged corpus embeds only the query.
@@ -9,15 +9,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from taskrun.pipelines.base import Pipeline as Base
 from taskrun.models.resolve import cache_dir
-from taskrun.pipelines.text.encoder import text_encoder
+from taskrun.pipelines.text.encoder import EncoderPipeline, encode
 from taskrun.tasks import events as ev
 from taskrun.tasks.base import TaskError
 from taskrun.tasks.inputs import read_text_file, sniff
@@ -35,37 +33,32 @@ class Passage:
     text: str
 
 
-class SearchPipeline(Base):
+class SearchPipeline(EncoderPipeline):
     task = "search"
-    runtime = "transformers"
-
-    def __init__(self, card, device="auto", dtype="auto"):
-        super().__init__(card, device, dtype)
-        self.encoder = text_encoder(card, device, dtype)
-        self.device, self.dtype = self.encoder.device, self.encoder.dtype
 
     def run(self, inputs, options, clock):
-        t0 = time.perf_counter()
         with clock.scope("index"):
             passages, vecs, cached = self.index(Path(options.corpus), options)
-        index_s = time.perf_counter() - t0
-        t1 = time.perf_counter()
         with clock.scope("query"):  # ranked before anything is yielded: the consumer's time is not in it
-            qvecs, _, _ = self.encoder.encode([inp.text for inp in inputs], options.batch_size)
-            scores = qvecs @ vecs.T
-            results = []
-            for i, inp in enumerate(inputs):
-                top = np.argsort(-scores[i])[: options.top_k]
-                results.append(Result(query=inp.text, hits=[
-                    Hit(score=float(scores[i, j]), text=passages[j].text, file=passages[j].file,
-                        line_start=passages[j].line_start, line_end=passages[j].line_end) for j in top]))
-        query_s = time.perf_counter() - t1
+            results = self.rank(inputs, passages, vecs, options)
+        index_s, query_s = clock.total("index"), clock.total("query")
         for i, (inp, res) in enumerate(zip(inputs, results)):
             yield ev.Item(i, inp.source, res)
         yield ev.Done(Metrics(items=len(inputs), passages=len(passages),
                               embedded_passages=0 if cached else len(passages), corpus_cached=cached,
                               index_s=index_s, query_s=query_s,
                               items_per_s=len(inputs) / query_s if query_s > 0 else 0.0))
+
+    def rank(self, inputs, passages: list[Passage], vecs: np.ndarray, options) -> list[Result]:
+        """The ``top_k`` passages for each query, best first, by cosine similarity."""
+        scores = encode(self.encoder, [inp.text for inp in inputs], options.batch_size).vectors @ vecs.T
+        results = []
+        for i, inp in enumerate(inputs):
+            top = np.argsort(-scores[i])[: options.top_k]
+            results.append(Result(query=inp.text, hits=[
+                Hit(score=float(scores[i, j]), text=passages[j].text, file=passages[j].file,
+                    line_start=passages[j].line_start, line_end=passages[j].line_end) for j in top]))
+        return results
 
     def index(self, corpus: Path, options) -> tuple[list[Passage], np.ndarray, bool]:
         files = corpus_files(corpus)
@@ -88,7 +81,7 @@ class SearchPipeline(Base):
                     return passages, vecs, True
             except (OSError, ValueError, KeyError):
                 pass  # a damaged cache file is rebuilt below
-        vecs, _, _ = self.encoder.encode([p.text for p in passages], options.batch_size)
+        vecs = encode(self.encoder, [p.text for p in passages], options.batch_size).vectors
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{key}.{os.getpid()}.tmp.npz")
         np.savez(tmp, vectors=vecs, meta=np.array(json.dumps({"corpus": str(corpus)})))

@@ -9,6 +9,7 @@ Builders are seeded and cached under ``root`` (built once per test run).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,3 +35,25 @@ def once(root: Path, name: str) -> tuple[Path, bool]:
 
 def done(folder: Path) -> None:
     (folder / ".done").write_text("ok")
+
+
+def models_toml_with(aliases: dict, folder: Path) -> Path:
+    """A models.toml: the shipped one plus ``aliases`` (for TASKRUN_MODELS_TOML)."""
+    import tomllib
+
+    from taskrun.models.resolve import CONFIG_DIR
+
+    config = tomllib.loads((CONFIG_DIR / "models.toml").read_text())
+    config["models"].update(aliases)
+    lines = ["[defaults]"] + [f"{json.dumps(k)} = {json.dumps(v)}" for k, v in config["defaults"].items()]
+    for name, entry in config["models"].items():
+        # JSON strings, numbers, booleans and arrays of them read back as TOML values
+        lines.append(f"\n[models.{json.dumps(name)}]")
+        lines += [f"{k} = {json.dumps(v)}" for k, v in entry.items() if not isinstance(v, dict)]
+        for k, v in entry.items():
+            if isinstance(v, dict):
+                lines.append(f"[models.{json.dumps(name)}.{k}]")
+                lines += [f"{kk} = {json.dumps(vv)}" for kk, vv in v.items()]
+    path = folder / "models.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
