@@ -208,42 +208,54 @@ class ImageTask(Task):
 
 def check_request(cond: ModelConditioning, name: str, prompt: str | None, options: Options) -> str | None:
     """Refuse what the model cannot take, before loading; return the class label to draw (if any)."""
-    takes = f"`{name}` takes {cond.takes()}"
     label = None
     if cond.kind == "text":
-        if options.label is not None:
-            raise TaskError(f"--label is for class-conditional models; {takes}")
-        if not prompt:
-            raise TaskError(f"`{name}` is a text-to-image model; give a prompt, e.g. run image \"a red fox\"")
+        _check_text(cond, name, prompt, options)
     elif cond.kind == "class":
-        label = options.label
-        if label is not None:
-            cond.label_index(label)
-        if prompt:
-            named = cond.label_from_prompt(prompt)
-            if label is not None and named != label:
-                raise TaskError(f"the prompt names {named} but --label says {label}; give one of them")
-            label = named
-        if label is None:
-            raise TaskError(f"`{name}` is a class-conditional model; say what to draw with --label "
-                            f"({', '.join(cond.labels)}) or a prompt naming one")
-        if options.negative:
-            raise TaskError(f"--negative needs a text-to-image model; {takes}")
-    else:
-        if prompt or options.label is not None:
-            raise TaskError(f"`{name}` is an unconditional image model: {cond.takes()}")
+        label = _class_label(cond, name, prompt, options)
+    elif prompt or options.label is not None:
+        raise TaskError(f"`{name}` is an unconditional image model: {cond.takes()}")
     if options.guidance is not None and not cond.cfg:
         raise TaskError(f"`{name}` has no classifier-free guidance; drop --guidance")
     if options.negative and not cond.cfg:
         raise TaskError(f"`{name}` has no classifier-free guidance, so --negative has no effect; drop it")
     if options.size is not None:
-        w, h = parse_size(options.size)
-        if w % cond.factor or h % cond.factor:
-            raise TaskError(f"--size {options.size}: `{name}` needs width and height that are multiples "
-                            f"of {cond.factor} (its VAE factor), e.g. "
-                            f"{max(cond.factor, w // cond.factor * cond.factor)}x"
-                            f"{max(cond.factor, h // cond.factor * cond.factor)}")
+        _check_size(cond, name, options.size)
     return label
+
+
+def _check_text(cond: ModelConditioning, name: str, prompt: str | None, options: Options) -> None:
+    if options.label is not None:
+        raise TaskError(f"--label is for class-conditional models; `{name}` takes {cond.takes()}")
+    if not prompt:
+        raise TaskError(f"`{name}` is a text-to-image model; give a prompt, e.g. run image \"a red fox\"")
+
+
+def _class_label(cond: ModelConditioning, name: str, prompt: str | None, options: Options) -> str:
+    """The one class to draw, from --label or a prompt naming it (both must agree)."""
+    label = options.label
+    if label is not None:
+        cond.label_index(label)
+    if prompt:
+        named = cond.label_from_prompt(prompt)
+        if label is not None and named != label:
+            raise TaskError(f"the prompt names {named} but --label says {label}; give one of them")
+        label = named
+    if label is None:
+        raise TaskError(f"`{name}` is a class-conditional model; say what to draw with --label "
+                        f"({', '.join(cond.labels)}) or a prompt naming one")
+    if options.negative:
+        raise TaskError(f"--negative needs a text-to-image model; `{name}` takes {cond.takes()}")
+    return label
+
+
+def _check_size(cond: ModelConditioning, name: str, size: str) -> None:
+    w, h = parse_size(size)
+    if w % cond.factor or h % cond.factor:
+        raise TaskError(f"--size {size}: `{name}` needs width and height that are multiples "
+                        f"of {cond.factor} (its VAE factor), e.g. "
+                        f"{max(cond.factor, w // cond.factor * cond.factor)}x"
+                        f"{max(cond.factor, h // cond.factor * cond.factor)}")
 
 
 TASK = ImageTask(

@@ -141,7 +141,6 @@ def _wide_to_rgb(img: Any) -> Any:
     return grey.convert("RGB")
 
 
-
 def load_images(inputs: list, start: int = 0) -> tuple[list[tuple[int, Any]], list[Any]]:
     """Load a batch: ([(index, RGB image)], [ItemError]) — one bad file does not stop the rest.
 
@@ -155,4 +154,6 @@ def load_images(inputs: list, start: int = 0) -> tuple[list[tuple[int, Any]], li
             good.append((start + j, load_image(inp.path)))
         except TaskError as exc:
             bad.append(ev.ItemError(start + j, inp.describe(), str(exc)))
+        except Exception as exc:  # a decoder or converter failing in a way not foreseen above
+            bad.append(ev.ItemError(start + j, inp.describe(), f"{type(exc).__name__}: {exc}"))
     return good, bad

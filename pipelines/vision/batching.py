@@ -1,49 +1,69 @@
 """What the image pipelines (classify and detect, every runtime) share: reading images in
-batches with per-image failures, progress, timing, and a few tensor helpers."""
+batches with per-image failures, progress, timing, and a few model helpers."""
 
 from __future__ import annotations
 
 import os
 from typing import Any, Callable, Iterable, Iterator
 
+from taskrun.pipelines.base import Pipeline as Base
 from taskrun.tasks import events as ev
 from taskrun.tasks.base import TaskError
-from taskrun.tasks.clock import timed
+from taskrun.tasks.clock import Clock, timed
 from taskrun.tasks.image_files import load_images
 
 # process(batch of (index, RGB image)) → yields (index, result) or ev.ItemError
 Process = Callable[[list[tuple[int, Any]]], Iterable[Any]]
 
 
+class TorchVision(Base):
+    """The plain-torch vision runtimes: each runs one network family, and refuses a model of
+    another kind before its weights load (the transformers runtime takes the rest)."""
+
+    runtime = "torch"
+    kind = ""  # the model card kind this pipeline runs
+    runs = ""  # what it runs, for the refusal: "runs the MTCNN face detector"
+
+    def __init__(self, card, device="auto", dtype="auto"):
+        super().__init__(card, device, dtype)
+        if card.kind != self.kind:
+            raise TaskError(f"the torch runtime for {self.task} {self.runs}; `{card.name}` is "
+                            f"{card.kind or card.architecture}: use --runtime transformers")
+
+
+def measured_run(inputs: list, batch_size: int, process: Process, clock: Clock, scope: str,
+                 Metrics: type, prepare: Callable[[Any], Any] | None = None) -> Iterator[Any]:
+    """run_batches, then ``Done`` with items, items_per_s and latency_s of the pipeline's own
+    work; that same time is added to ``clock`` under ``scope``."""
+    stats: dict = {}
+    yield from run_batches(inputs, batch_size, process, stats, prepare)
+    clock.add(scope, stats["seconds"])
+    yield ev.Done(rate_metrics(Metrics, stats))
+
+
 def run_batches(inputs: list, batch_size: int, process: Process, stats: dict,
                 prepare: Callable[[Any], Any] | None = None) -> Iterator[Any]:
     """Decode and process ``inputs`` ``batch_size`` at a time, yielding Item / ItemError / Progress.
 
-    A file that cannot be read becomes an ItemError and the rest of its batch goes on. The next
-    batch is decoded (and passed through ``prepare``, e.g. resized to an array) on a helper
-    thread while the model runs on this one: Pillow releases the GIL while it decodes and
-    resizes. ``stats`` receives ``items`` (finished) and ``seconds`` (decode + preprocess +
-    forward + postprocess).
+    A file that cannot be read (or ``prepare``d) becomes an ItemError and the rest of its batch
+    goes on. The next batch is decoded (and passed through ``prepare``, e.g. resized to an
+    array) on a helper thread while the model runs on this one: Pillow releases the GIL while it
+    decodes and resizes. ``stats`` receives ``items`` (finished) and ``seconds`` (decode +
+    preprocess + forward + postprocess).
     """
     from concurrent.futures import ThreadPoolExecutor
 
     total, ok = len(inputs), 0
     starts = list(range(0, total, batch_size))
 
-    def load(start):
-        good, bad = load_images(inputs[start:start + batch_size], start)
-        if prepare is not None:
-            good = [(i, prepare(img)) for i, img in good]
-        return good, bad
-
     def work() -> Iterator[Any]:
         nonlocal ok
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="taskrun-decode") as pool:
-            pending = pool.submit(load, starts[0]) if starts else None
+            pending = pool.submit(_load_batch, inputs, starts[0], batch_size, prepare) if starts else None
             for k, start in enumerate(starts):
                 good, bad = pending.result()
                 if k + 1 < len(starts):
-                    pending = pool.submit(load, starts[k + 1])
+                    pending = pool.submit(_load_batch, inputs, starts[k + 1], batch_size, prepare)
                 yield from bad
                 for out in _guarded(process, good, inputs) if good else ():
                     if isinstance(out, ev.ItemError):
@@ -60,6 +80,20 @@ def run_batches(inputs: list, batch_size: int, process: Process, stats: dict,
     stats["items"] = ok
 
 
+def _load_batch(inputs: list, start: int, size: int, prepare: Callable[[Any], Any] | None):
+    """([(index, image or prepared array)], [ItemError]) for inputs[start:start + size]."""
+    good, bad = load_images(inputs[start:start + size], start)
+    if prepare is None:
+        return good, bad
+    prepared = []
+    for index, img in good:
+        try:
+            prepared.append((index, prepare(img)))
+        except Exception as exc:
+            bad.append(_item_error(index, inputs, exc))
+    return prepared, bad
+
+
 def _guarded(process: Process, good: list, inputs: list) -> list:
     """process(good), but a batch that fails is retried one image at a time, so one image the
     model or its processor cannot take fails alone (as an ItemError) and the others finish."""
@@ -67,12 +101,17 @@ def _guarded(process: Process, good: list, inputs: list) -> list:
         return list(process(good))
     except Exception as exc:
         if len(good) == 1:
-            if os.environ.get("TASKRUN_DEBUG", "") not in ("", "0"):
-                raise  # the traceback, for whoever is debugging the model or this code
-            index = good[0][0]
-            message = str(exc) if isinstance(exc, TaskError) else f"{type(exc).__name__}: {exc}"
-            return [ev.ItemError(index, inputs[index].describe(), message)]
+            return [_item_error(good[0][0], inputs, exc)]
     return [out for item in good for out in _guarded(process, [item], inputs)]
+
+
+def _item_error(index: int, inputs: list, exc: Exception) -> ev.ItemError:
+    """One image's failure as its ItemError; TASKRUN_DEBUG re-raises it instead, with the
+    traceback, for whoever is debugging the model or this code."""
+    if os.environ.get("TASKRUN_DEBUG", "") not in ("", "0"):
+        raise exc
+    message = str(exc) if isinstance(exc, TaskError) else f"{type(exc).__name__}: {exc}"
+    return ev.ItemError(index, inputs[index].describe(), message)
 
 
 def rate_metrics(Metrics: type, stats: dict) -> Any:

@@ -18,12 +18,11 @@ from pathlib import Path
 import numpy as np
 
 from taskrun.pipelines import cached_model
-from taskrun.pipelines.base import Pipeline as Base
 from taskrun.pipelines.device import auto_dtype, resolve_dtype
-from taskrun.pipelines.vision.batching import best_cpu_layout, rate_metrics, run_batches
-from taskrun.tasks import events as ev
+from taskrun.pipelines.vision.batching import TorchVision, best_cpu_layout, measured_run
+from taskrun.pipelines.vision.labels import label_batch
 from taskrun.tasks.base import TaskError
-from taskrun.tasks.classify import Label, Metrics, Result
+from taskrun.tasks.classify import Metrics
 
 LABELS_FILE = Path(__file__).resolve().parent / "imagenet_classes.txt"
 
@@ -96,20 +95,11 @@ def preprocess(image, size: int) -> np.ndarray:
     return (arr / 127.5 - 1.0).transpose(2, 0, 1)
 
 
-def top_labels(probs: np.ndarray, names, k: int) -> list[Label]:
-    order = np.argsort(-probs)[:k]
-    return [Label(names[j] if j < len(names) else str(j), float(probs[j])) for j in order]
-
-
-class EfficientNetPipeline(Base):
-    task = "classify"
-    runtime = "torch"
+class EfficientNetPipeline(TorchVision):
+    task, kind, runs = "classify", "image-classification", "takes images with an EfficientNet"
 
     def __init__(self, card, device="auto", dtype="auto"):
         super().__init__(card, device, dtype)
-        if card.kind != "image-classification":
-            raise TaskError(f"the torch runtime for classify takes images with an EfficientNet; `{card.name}` "
-                            f"is {card.kind or card.architecture}: use --runtime transformers")
         self.torch_dtype, self.dtype = resolve_dtype(dtype, self.device, auto_dtype(self.device, prefer_bf16=True))
         name = model_name(card.architecture)
         from efficientnet_lite_pytorch import EfficientNet
@@ -118,23 +108,17 @@ class EfficientNetPipeline(Base):
         self.model = cached_model(card, "torch", self.device, self.dtype, "efficientnet", lambda: best_cpu_layout(
             fuse_for_inference(build_model(card.architecture, card.path)).to(self.device, self.torch_dtype),
             self.device))
-        self.labels = imagenet_labels()
+        self.id2label = dict(enumerate(imagenet_labels()))
 
     def run(self, inputs, options, clock):
         import torch
-
-        stats: dict = {}
 
         def process(batch):
             x = torch.from_numpy(np.stack([arr for _, arr in batch]))
             x = x.to(self.device, self.torch_dtype)
             if self.device == "cpu":
                 x = x.contiguous(memory_format=torch.channels_last)
-            probs = torch.softmax(self.model(x).float(), dim=-1).cpu().numpy()
-            for (index, _), p in zip(batch, probs):
-                yield index, Result(input=inputs[index].describe(), labels=top_labels(p, self.labels, options.top_k))
+            yield from label_batch(batch, self.model(x), self.id2label, options.top_k, inputs)
 
-        with clock.scope("classify"):
-            yield from run_batches(inputs, options.batch_size, process, stats,
-                                   prepare=lambda img: preprocess(img, self.size))
-        yield ev.Done(rate_metrics(Metrics, stats))
+        yield from measured_run(inputs, options.batch_size, process, clock, "classify", Metrics,
+                                prepare=lambda img: preprocess(img, self.size))

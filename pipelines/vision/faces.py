@@ -14,24 +14,17 @@ import os
 from pathlib import Path
 
 from taskrun.pipelines import cached_model
-from taskrun.pipelines.base import Pipeline as Base
-from taskrun.pipelines.device import resolve_dtype
-from taskrun.pipelines.device import torch_threads
-from taskrun.pipelines.vision.batching import annotate_item, rate_metrics, run_batches
-from taskrun.tasks import events as ev
+from taskrun.pipelines.device import resolve_dtype, torch_threads
+from taskrun.pipelines.vision.batching import TorchVision, annotate_item, measured_run
 from taskrun.tasks.base import TaskError
 from taskrun.tasks.detect import Box, Metrics, Result
 
 
-class FacePipeline(Base):
-    task = "detect"
-    runtime = "torch"
+class FacePipeline(TorchVision):
+    task, kind, runs = "detect", "face-detection", "runs the MTCNN face detector"
 
     def __init__(self, card, device="auto", dtype="auto"):
         super().__init__(card, device, dtype)
-        if card.kind != "face-detection":
-            raise TaskError(f"the torch runtime for detect runs the MTCNN face detector; `{card.name}` is "
-                            f"{card.kind or card.architecture}: use --runtime transformers")
         # Tiny nets whose box regression is sensitive: float32 unless asked otherwise.
         self.torch_dtype, self.dtype = resolve_dtype(dtype, self.device, "float32")
         folder = Path(card.path)
@@ -45,7 +38,6 @@ class FacePipeline(Base):
                                   lambda: MTCNN.from_folder(folder).to(self.device, self.torch_dtype))
 
     def run(self, inputs, options, clock):
-        stats: dict = {}
         several = len(inputs) > 1
 
         def process(batch):
@@ -62,7 +54,6 @@ class FacePipeline(Base):
                                                 landmarks=p if options.landmarks else None))
                 yield annotate_item(index, image, result, options, several, inputs)
 
-        with clock.scope("detect"), torch_threads(self.threads):
-            yield from run_batches(inputs, options.batch_size, process, stats)
-        yield ev.Done(rate_metrics(Metrics, stats))
+        with torch_threads(self.threads):
+            yield from measured_run(inputs, options.batch_size, process, clock, "detect", Metrics)
 

@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import inspect
 
-from taskrun.pipelines import cached_model
 from taskrun.pipelines.base import Pipeline as Base
-from taskrun.pipelines.device import auto_dtype, resolve_dtype
-from taskrun.pipelines.vision.hf_classify import load_processor
-from taskrun.pipelines.vision.batching import annotate_item, rate_metrics, run_batches
-from taskrun.tasks import events as ev
+from taskrun.pipelines.vision.batching import annotate_item, measured_run
+from taskrun.pipelines.vision.hf_vision import load_hf_vision
 from taskrun.tasks.base import TaskError
 from taskrun.tasks.detect import Box, Metrics, Result
 
@@ -25,18 +22,14 @@ class DetectPipeline(Base):
 
     def __init__(self, card, device="auto", dtype="auto"):
         super().__init__(card, device, dtype)
-        from transformers import AutoModelForObjectDetection
 
-        self.torch_dtype, self.dtype = resolve_dtype(dtype, self.device, auto_dtype(self.device, prefer_bf16=False))
-        self.processor = cached_model(card, "transformers", self.device, self.dtype, "image-processor",
-                                      lambda: load_processor(card.path))
-        if not hasattr(self.processor, "post_process_object_detection"):
-            raise TaskError(f"the image processor of `{card.name}` has no object-detection post-processing; "
-                            f"detect needs a DETR/YOLOS/RT-DETR-style model")
-        self.model = cached_model(card, "transformers", self.device, self.dtype, "detector",
-                                  lambda: AutoModelForObjectDetection.from_pretrained(
-                                      card.path, dtype=self.torch_dtype).to(self.device).eval())
-        self.id2label = {int(k): v for k, v in (self.model.config.id2label or {}).items()}
+        def check_processor(processor):
+            if not hasattr(processor, "post_process_object_detection"):
+                raise TaskError(f"the image processor of `{card.name}` has no object-detection "
+                                f"post-processing; detect needs a DETR/YOLOS/RT-DETR-style model")
+
+        (self.torch_dtype, self.dtype, self.processor, self.model, self.id2label) = load_hf_vision(
+            card, self.device, dtype, "AutoModelForObjectDetection", "detector", check_processor)
         # DETR-like models take a pixel mask and ignore the padding of a mixed-size batch; a model
         # without one (YOLOS) would see the padding as image, so it is batched by size instead.
         self.masks_padding = "pixel_mask" in inspect.signature(self.model.forward).parameters
@@ -71,7 +64,6 @@ class DetectPipeline(Base):
             yield index, image, result
 
     def run(self, inputs, options, clock):
-        stats: dict = {}
         several = len(inputs) > 1
 
         def process(batch):
@@ -79,9 +71,7 @@ class DetectPipeline(Base):
                 for index, image, result in self._detect(group, inputs, options):
                     yield annotate_item(index, image, result, options, several, inputs)
 
-        with clock.scope("detect"):
-            yield from run_batches(inputs, options.batch_size, process, stats)
-        yield ev.Done(rate_metrics(Metrics, stats))
+        yield from measured_run(inputs, options.batch_size, process, clock, "detect", Metrics)
 
 
 def _clip(box, width, height):

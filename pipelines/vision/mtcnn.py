@@ -22,64 +22,68 @@ STAGE_THRESHOLDS = (0.6, 0.7, 0.7)  # P-, R-, O-net: the published defaults
 PYRAMID_FACTOR = 0.709  # each pyramid level is ~half the area of the last
 
 
-class PNet(nn.Module):
-    def __init__(self):
+class _Net(nn.Module):
+    """A trunk of conv → PReLU (→ max-pool) stages, named conv1, prelu1, pool1, conv2, ... as in
+    facenet-pytorch's state dicts; each row of ``stages`` is (in, out, kernel, pool or None)."""
+
+    def __init__(self, stages):
         super().__init__()
-        self.conv1, self.prelu1 = nn.Conv2d(3, 10, 3), nn.PReLU(10)
-        self.pool1 = nn.MaxPool2d(2, 2, ceil_mode=True)
-        self.conv2, self.prelu2 = nn.Conv2d(10, 16, 3), nn.PReLU(16)
-        self.conv3, self.prelu3 = nn.Conv2d(16, 32, 3), nn.PReLU(32)
+        self._trunk = []  # the same modules, in order, without a getattr per stage per call
+        for i, (cin, cout, kernel, pool) in enumerate(stages, 1):
+            conv, prelu = nn.Conv2d(cin, cout, kernel), nn.PReLU(cout)
+            setattr(self, f"conv{i}", conv)
+            setattr(self, f"prelu{i}", prelu)
+            if pool is not None:
+                pool = nn.MaxPool2d(*pool, ceil_mode=True)
+                setattr(self, f"pool{i}", pool)
+            self._trunk.append((conv, prelu, pool))
+
+    def trunk(self, x):
+        for conv, prelu, pool in self._trunk:
+            x = prelu(conv(x))
+            if pool is not None:
+                x = pool(x)
+        return x
+
+
+def _flat(x):
+    # The weights were converted from Caffe, which flattens width-first.
+    return x.permute(0, 3, 2, 1).reshape(x.shape[0], -1)
+
+
+class PNet(_Net):
+    def __init__(self):
+        super().__init__([(3, 10, 3, (2, 2)), (10, 16, 3, None), (16, 32, 3, None)])
         self.conv4_1 = nn.Conv2d(32, 2, 1)
         self.conv4_2 = nn.Conv2d(32, 4, 1)
 
     def forward(self, x):
-        x = self.pool1(self.prelu1(self.conv1(x)))
-        x = self.prelu3(self.conv3(self.prelu2(self.conv2(x))))
+        x = self.trunk(x)
         return self.conv4_2(x), torch.softmax(self.conv4_1(x), dim=1)
 
 
-class RNet(nn.Module):
+class RNet(_Net):
     def __init__(self):
-        super().__init__()
-        self.conv1, self.prelu1 = nn.Conv2d(3, 28, 3), nn.PReLU(28)
-        self.pool1 = nn.MaxPool2d(3, 2, ceil_mode=True)
-        self.conv2, self.prelu2 = nn.Conv2d(28, 48, 3), nn.PReLU(48)
-        self.pool2 = nn.MaxPool2d(3, 2, ceil_mode=True)
-        self.conv3, self.prelu3 = nn.Conv2d(48, 64, 2), nn.PReLU(64)
+        super().__init__([(3, 28, 3, (3, 2)), (28, 48, 3, (3, 2)), (48, 64, 2, None)])
         self.dense4, self.prelu4 = nn.Linear(576, 128), nn.PReLU(128)
         self.dense5_1 = nn.Linear(128, 2)
         self.dense5_2 = nn.Linear(128, 4)
 
     def forward(self, x):
-        x = self.pool1(self.prelu1(self.conv1(x)))
-        x = self.pool2(self.prelu2(self.conv2(x)))
-        x = self.prelu3(self.conv3(x))
-        # The weights were converted from Caffe, which flattens width-first.
-        x = self.prelu4(self.dense4(x.permute(0, 3, 2, 1).reshape(x.shape[0], -1)))
+        x = self.prelu4(self.dense4(_flat(self.trunk(x))))
         return self.dense5_2(x), torch.softmax(self.dense5_1(x), dim=1)
 
 
-class ONet(nn.Module):
+class ONet(_Net):
     def __init__(self):
-        super().__init__()
-        self.conv1, self.prelu1 = nn.Conv2d(3, 32, 3), nn.PReLU(32)
-        self.pool1 = nn.MaxPool2d(3, 2, ceil_mode=True)
-        self.conv2, self.prelu2 = nn.Conv2d(32, 64, 3), nn.PReLU(64)
-        self.pool2 = nn.MaxPool2d(3, 2, ceil_mode=True)
-        self.conv3, self.prelu3 = nn.Conv2d(64, 64, 3), nn.PReLU(64)
-        self.pool3 = nn.MaxPool2d(2, 2, ceil_mode=True)
-        self.conv4, self.prelu4 = nn.Conv2d(64, 128, 2), nn.PReLU(128)
+        super().__init__([(3, 32, 3, (3, 2)), (32, 64, 3, (3, 2)), (64, 64, 3, (2, 2)), (64, 128, 2, None)])
         self.dense5, self.prelu5 = nn.Linear(1152, 256), nn.PReLU(256)
         self.dense6_1 = nn.Linear(256, 2)
         self.dense6_2 = nn.Linear(256, 4)
         self.dense6_3 = nn.Linear(256, 10)
 
     def forward(self, x):
-        x = self.pool1(self.prelu1(self.conv1(x)))
-        x = self.pool2(self.prelu2(self.conv2(x)))
-        x = self.pool3(self.prelu3(self.conv3(x)))
-        x = self.prelu4(self.conv4(x))
-        x = self.prelu5(self.dense5(x.permute(0, 3, 2, 1).reshape(x.shape[0], -1)))
+        x = self.prelu5(self.dense5(_flat(self.trunk(x))))
         return self.dense6_2(x), self.dense6_3(x), torch.softmax(self.dense6_1(x), dim=1)
 
 

@@ -1,0 +1,48 @@
+"""What classify and detect on transformers share: the dtype they choose, and the model's own
+image processor, network and label names, each loaded once per (model, device, dtype)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+from taskrun.pipelines import cached_model
+from taskrun.pipelines.device import auto_dtype, resolve_dtype
+from taskrun.tasks.base import TaskError
+
+
+class HFVision(NamedTuple):
+    torch_dtype: Any
+    dtype: str
+    processor: Any
+    model: Any
+    id2label: dict[int, str]
+
+
+def load_processor(path: str):
+    """The model's image processor. Without torchvision, transformers falls back to its PIL
+    processors, which give the same pixels."""
+    from transformers import AutoImageProcessor
+
+    try:
+        return AutoImageProcessor.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise TaskError(f"{path} has no usable image processor (preprocessor_config.json): {exc}") from None
+
+
+def load_hf_vision(card, device: str, dtype: str, auto_class: str, role: str,
+                   check_processor: Callable[[Any], None] | None = None) -> HFVision:
+    """The processor, then (once ``check_processor`` accepts it) the ``auto_class`` network in
+    eval mode, cached under ``role``."""
+    import transformers
+
+    # float32 unless asked: bf16 has not been checked against each hub model's accuracy.
+    torch_dtype, dtype = resolve_dtype(dtype, device, auto_dtype(device, prefer_bf16=False))
+    processor = cached_model(card, "transformers", device, dtype, "image-processor",
+                             lambda: load_processor(card.path))
+    if check_processor is not None:
+        check_processor(processor)
+    auto = getattr(transformers, auto_class)
+    model = cached_model(card, "transformers", device, dtype, role,
+                         lambda: auto.from_pretrained(card.path, dtype=torch_dtype).to(device).eval())
+    id2label = {int(k): v for k, v in (model.config.id2label or {}).items()}
+    return HFVision(torch_dtype, dtype, processor, model, id2label)

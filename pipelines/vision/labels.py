@@ -1,0 +1,28 @@
+"""What the image classifiers (EfficientNet on torch, any classifier on transformers) share after
+the forward pass: scores from the logits, and each image's best labels."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import numpy as np
+
+from taskrun.tasks.classify import Label, Result
+
+
+def top_labels(probs: np.ndarray, id2label: dict[int, str], k: int) -> list[Label]:
+    """The ``k`` best labels of one image, best first; a class without a name shows its index."""
+    order = np.argsort(-probs)[:k]
+    return [Label(id2label.get(int(j), str(int(j))), float(probs[j])) for j in order]
+
+
+def label_batch(batch: list, logits: Any, id2label: dict[int, str], k: int, inputs: list,
+                multi: bool = False) -> Iterator[tuple[int, Result]]:
+    """(index, Result) for each image of ``batch`` from its row of ``logits``: softmax over the
+    classes, or an independent sigmoid per class for a multi-label head."""
+    import torch
+
+    logits = logits.float()
+    probs = (torch.sigmoid(logits) if multi else torch.softmax(logits, dim=-1)).cpu().numpy()
+    for (index, _), p in zip(batch, probs):
+        yield index, Result(input=inputs[index].describe(), labels=top_labels(p, id2label, k))
