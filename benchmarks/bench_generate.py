@@ -89,7 +89,8 @@ def run_plain(model, tok, n):
 
 
 def run_taskrun(llm, n):
-    from taskrun.pipelines.llm.engine import Decoded, Sampling
+    from taskrun.pipelines.llm.decode import Decoded
+    from taskrun.pipelines.llm.sampling import Sampling
     from taskrun.tasks.clock import Clock
 
     ids = llm.prompt_ids(PROMPT)
@@ -114,7 +115,7 @@ def top1_agreement(ref_model, llm, text_ids) -> float:
 
 def neighbour_child(n: int) -> None:
     """One measurement in a fresh process (the wait policy is read when torch loads)."""
-    from taskrun.pipelines.llm.engine import load_llm
+    from taskrun.pipelines.llm.hf_engine import load_llm
     from taskrun.models.resolve import resolve
 
     llm = load_llm(resolve("smollm2-135m"), "cpu", "auto")
@@ -166,7 +167,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from taskrun.pipelines.llm.gguf_convert import ensure_converted
-    from taskrun.pipelines.llm.engine import load_llm
+    from taskrun.pipelines.llm.hf_engine import load_llm
     from taskrun.models.resolve import resolve
 
     n, reps = (32, 2) if args.quick else (64, 4)

@@ -25,7 +25,7 @@ def tiny(tiny_dir):
 @pytest.fixture
 def llm(tiny):
     """The tiny model's LLM, copied so a test may change its end-of-sequence ids."""
-    from taskrun.pipelines.llm.engine import load_llm
+    from taskrun.pipelines.llm.hf_engine import load_llm
     from taskrun.models.resolve import resolve
 
     return copy.copy(load_llm(resolve(tiny), "cpu", "float32"))
@@ -40,7 +40,8 @@ def _run(tiny, prompt=PROMPT, **opts):
 
 
 def _decode(llm, ids, **kw):
-    from taskrun.pipelines.llm.engine import Decoded, Sampling
+    from taskrun.pipelines.llm.decode import Decoded
+    from taskrun.pipelines.llm.sampling import Sampling
     from taskrun.tasks.clock import Clock
 
     out = Decoded()
@@ -229,7 +230,7 @@ def test_real_smollm2_knows_the_capital_of_france():
 def test_lean_decoder_matches_transformers_token_for_token(tiny, monkeypatch):
     """The fast Llama forward (float32) gives exactly the tokens of the transformers module."""
     from taskrun.pipelines import clear_cache
-    from taskrun.pipelines.llm.engine import load_llm
+    from taskrun.pipelines.llm.hf_engine import load_llm
     from taskrun.models.resolve import resolve
 
     card = resolve(tiny)
@@ -261,7 +262,7 @@ def test_lean_decoder_matches_transformers_token_for_token(tiny, monkeypatch):
 def test_repeat_penalty_and_token_mask_change_the_choice():
     import torch
 
-    from taskrun.pipelines.llm.engine import Sampling, sample
+    from taskrun.pipelines.llm.sampling import Sampling, sample
 
     logits = torch.tensor([0.0, 1.0, 3.0, 2.5])
     gen = torch.Generator().manual_seed(0)

@@ -1,5 +1,6 @@
 """A lean forward pass for Llama-architecture models (SmolLM2, Llama, Mistral without sliding
-window), used by the decode loop in pipelines/llm/engine.py instead of the transformers module.
+window), used by the transformers engine (pipelines/llm/hf_engine.py) instead of the transformers
+module.
 
 Why: decoding one token of a small model is a few dozen small matrix-vector products; in the
 transformers module most of each token's time goes to framework work around them (mask building,

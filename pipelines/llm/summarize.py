@@ -1,4 +1,4 @@
-"""summarize on transformers: one pass when the text fits the window, else map-reduce.
+"""summarize on any LLM engine: one pass when the text fits the window, else map-reduce.
 
 Map: the text is split at paragraph, then sentence, then word boundaries into chunks that fit
 with room for the answer; each chunk is summarised. Reduce: the partial summaries are joined and
@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import re
 
-from taskrun.pipelines.base import Pipeline as Base
-from taskrun.pipelines.llm.engine import Decoded, Sampling, load_llm
+from taskrun.pipelines.llm.decode import Decoded, complete
+from taskrun.pipelines.llm.pipeline import LLMPipeline, per_input
+from taskrun.pipelines.llm.sampling import Sampling
 from taskrun.tasks import events as ev
 from taskrun.tasks.base import TaskError
 from taskrun.tasks.summarize import LENGTHS, Metrics, Summary
@@ -21,30 +22,23 @@ COMBINE = "These are summaries of consecutive parts of one text. Combine them in
 MAX_ROUNDS = 6
 
 
-class SummarizePipeline(Base):
+class SummarizePipeline(LLMPipeline):
     task = "summarize"
-    runtime = "transformers"
-
-    def __init__(self, card, device="auto", dtype="auto"):
-        super().__init__(card, device, dtype)
-        self.llm = load_llm(card, self.device, dtype)
-        self.dtype = self.llm.dtype
 
     def run(self, inputs, options, clock):
+        budget = self._budget(options)
+        s = Sampling(max_tokens=options.answer_tokens, temperature=options.temperature, top_p=options.top_p,
+                     seed=options.seed, repeat_penalty=options.repeat_penalty)
         stages: list[dict] = []
-        last = None
-        total_chunks = 0
-        for i, inp in enumerate(inputs):
-            try:
-                res, final = yield from self._one(i, inp.text, options, clock, stages)
-            except TaskError as exc:
-                if len(inputs) == 1:
-                    raise
-                yield ev.ItemError(i, inp.source, str(exc))
-                continue
-            last = last or final
-            total_chunks += res.chunks
-            yield ev.Item(i, inp.source, res)
+        done: list[tuple[Summary, Decoded]] = []
+
+        def one(i, inp):
+            res, final = yield from self._one(i, inp.text, options, s, budget, clock, stages)
+            done.append((res, final))
+            return res
+
+        yield from per_input(inputs, one)
+        last = done[0][1] if done else None  # the first summary's final pass: what a user waits for
         n_dec = sum(st["decode_steps"] for st in stages)
         t_dec = sum(st["decode_s"] for st in stages)
         yield ev.Done(Metrics(
@@ -54,22 +48,42 @@ class SummarizePipeline(Base):
             prefill_s=sum(st["prefill_s"] for st in stages),
             decode_tokens_per_s=n_dec / t_dec if t_dec > 0 else 0.0,
             finish_reason=last.finish_reason if last else "",
-            chunks=total_chunks, stages=stages))
+            chunks=sum(res.chunks for res, _ in done), stages=stages))
 
-    def _one(self, index, text, options, clock, stages):
-        """Summarise one text; yields the final pass's tokens, returns (Summary, its Decoded)."""
+    def _budget(self, options) -> int:
+        """Text tokens one pass can read: the window less the answer and the instruction. Too few
+        is a problem of the options, for every input alike."""
         llm = self.llm
         window = min(llm.context, options.context or llm.context)
         answer = options.answer_tokens
         how = LENGTHS[options.length][1]
-        s = Sampling(max_tokens=answer, temperature=options.temperature, top_p=options.top_p,
-                     seed=options.seed, repeat_penalty=options.repeat_penalty)
-        source_tokens = llm.count(text)
         overhead = len(llm.prompt_ids(INSTRUCTION.format(how=how, text=""))) + 8
-        budget = window - answer - overhead  # text tokens one pass can read
+        budget = window - answer - overhead
         if budget < 32:
             raise TaskError(f"a {answer}-token summary leaves no room in a {window}-token window; "
                             f"lower --max-tokens or raise --context")
+        return budget
+
+    def _one(self, index, text, options, s, budget, clock, stages):
+        """Summarise one text; yields the final pass's tokens, returns (Summary, its Decoded)."""
+        llm = self.llm
+        source_tokens = llm.count(text)
+        text, chunks, rounds = yield from self._map(text, budget, s, clock, stages)
+        template = COMBINE if chunks > 1 else INSTRUCTION
+        ids = llm.prompt_ids(template.format(how=LENGTHS[options.length][1], text=text))
+        out = Decoded()
+        for piece in llm.stream(ids, s, clock, out):
+            if options.stream:
+                yield ev.Token(piece, index)
+        stages.append(_stage("final", 0, len(ids), out))
+        res = Summary(text=out.text.strip(), finish_reason=out.finish_reason, input_tokens=source_tokens,
+                      output_tokens=len(out.token_ids), chunks=chunks, stages=rounds + 1)
+        return res, out
+
+    def _map(self, text, budget, s, clock, stages):
+        """Summarise the text's parts, then those summaries, until it fits ``budget``; yields
+        progress, returns (text, chunks in the first round, rounds)."""
+        llm = self.llm
         chunks = 1
         round_ = 0
         while llm.count(text) > budget:
@@ -83,23 +97,13 @@ class SummarizePipeline(Base):
             parts = []
             for j, piece in enumerate(pieces):
                 yield ev.Progress(j, len(pieces), "chunks", f"map round {round_}")
-                out = Decoded()
-                for _ in llm.stream(llm.prompt_ids(PART.format(text=piece)), s, clock, out):
-                    pass
-                stages.append(_stage(f"map{round_}", j, len(llm.prompt_ids(PART.format(text=piece))), out))
+                ids = llm.prompt_ids(PART.format(text=piece))
+                out = complete(llm, ids, s, clock)
+                stages.append(_stage(f"map{round_}", j, len(ids), out))
                 parts.append(out.text.strip())
             yield ev.Progress(len(pieces), len(pieces), "chunks", f"map round {round_}")
             text = "\n\n".join(parts)  # unlabelled: a small model copies "Part 1:" labels into its answer
-        template = COMBINE if chunks > 1 else INSTRUCTION
-        ids = llm.prompt_ids(template.format(how=how, text=text))
-        out = Decoded()
-        for piece in llm.stream(ids, s, clock, out):
-            if options.stream:
-                yield ev.Token(piece, index)
-        stages.append(_stage("final", 0, len(ids), out))
-        res = Summary(text=out.text.strip(), finish_reason=out.finish_reason, input_tokens=source_tokens,
-                      output_tokens=len(out.token_ids), chunks=chunks, stages=round_ + 1)
-        return res, out
+        return text, chunks, round_
 
 
 def _stage(kind: str, chunk: int, input_tokens: int, out: Decoded) -> dict:

@@ -1,0 +1,34 @@
+"""What generate and summarize share above the engine: loading it, and the per-input failure policy."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from taskrun.pipelines.base import Pipeline
+from taskrun.pipelines.llm.engine import LLMEngine
+from taskrun.tasks import events as ev
+from taskrun.tasks.base import Input, ModelCard, TaskError
+
+
+class LLMPipeline(Pipeline):
+    """A task on any :class:`LLMEngine`: the engine class comes from the RUNTIMES row."""
+
+    def __init__(self, card: ModelCard, device: str = "auto", dtype: str = "auto", *,
+                 engine: type[LLMEngine]) -> None:
+        super().__init__(card, device, dtype)
+        self.llm = engine.load(card, self.device, dtype)
+        self.runtime, self.device, self.dtype = self.llm.runtime, self.llm.device, self.llm.dtype
+
+
+def per_input(inputs: list[Input], one: Callable[[int, Input], Iterator[Any]]) -> Iterator[Any]:
+    """For each input, yield the events of ``one(index, input)`` (a generator that returns the
+    result), then its ``Item``; an input that fails becomes its ``ItemError`` and the rest go on
+    (the runner decides what a failed input means for the job)."""
+    for i, inp in enumerate(inputs):
+        try:
+            result = yield from one(i, inp)
+        except TaskError as exc:
+            yield ev.ItemError(i, inp.source, str(exc))
+            continue
+        yield ev.Item(i, inp.source, result)

@@ -1,0 +1,71 @@
+"""Choosing the next token from an engine's logits: greedy, or temperature → top-k → top-p → a
+seeded draw, with a repeat penalty and an optional mask of allowed tokens.
+
+Every engine hands the decode loop its logits as a 1-D torch tensor over the vocabulary, so one
+sampler serves every runtime and a seed means the same draw whichever engine produced the logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How one decode chooses its tokens and when it stops."""
+
+    max_tokens: int = 256
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    seed: int = 0
+    stop: tuple[str, ...] = ()
+    allowed: object = None  # a bool tensor over the vocabulary (see token_mask): only these may be drawn
+    repeat_penalty: float = 1.0  # > 1 makes tokens already generated less likely (1 = off)
+
+
+def generator(seed: int):
+    """The random source of one decode: seeded, private to it (the global RNG is left alone)."""
+    import torch
+
+    return torch.Generator().manual_seed(seed)
+
+
+def token_mask(flags: list[bool]):
+    """``Sampling.allowed`` from one flag per token id (True: the token may be drawn)."""
+    import torch
+
+    return torch.tensor(flags, dtype=torch.bool)
+
+
+def sample(logits, s: Sampling, gen, history: list[int] = ()) -> int:
+    """The next token: greedy at temperature 0, else temperature → top-k → top-p → a seeded draw.
+
+    ``repeat_penalty`` divides the positive logits (multiplies the negative ones) of tokens this
+    answer already holds, as llama.cpp and transformers do; small models otherwise fall into loops.
+    """
+    import torch
+
+    if s.repeat_penalty != 1.0 and history:
+        logits = logits.float().clone()
+        seen = torch.tensor(sorted(set(history)))
+        v = logits[seen]
+        logits[seen] = torch.where(v > 0, v / s.repeat_penalty, v * s.repeat_penalty)
+
+    if s.allowed is not None:  # a constraint (e.g. digits inside a JSON number)
+        logits = logits.float().masked_fill(~s.allowed, float("-inf"))
+    if s.temperature == 0:
+        return int(torch.argmax(logits))
+    logits = logits.float() / s.temperature
+    if s.top_k and s.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, s.top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if s.top_p < 1.0:
+        sp, order = torch.sort(probs, descending=True)
+        cum = torch.cumsum(sp, dim=-1)
+        drop = cum - sp > s.top_p  # keep the smallest set whose mass reaches top_p
+        sp = sp.masked_fill(drop, 0.0)
+        choice = torch.multinomial(sp / sp.sum(), 1, generator=gen)
+        return int(order[choice])
+    return int(torch.multinomial(probs, 1, generator=gen))
