@@ -1,13 +1,15 @@
-"""The `chain`, `ask` and `fit` commands (registered in runner/cli.py EXTRA_COMMANDS)."""
+"""The commands that run a chain file: `run chain` (any chain) and `run ask` (the ask-docs chain).
+Registered in runner/cli.py EXTRA_COMMANDS."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
-from taskrun.tasks.base import TaskError
+from taskrun.runner.chains import ChainRun, StageView, check_chain, default_out_dir, load_chain, run_chain
+from taskrun.runner.output import EventPrinter, metrics_table, print_json
+from taskrun.runner.runlog import RunLog
 
 _common = [
     click.option("-o", "--output-dir", "out_dir", type=click.Path(file_okay=False),
@@ -29,38 +31,37 @@ def common(f):
     return f
 
 
-def _run(name_or_file, args, out_dir, device, dtype, json_mode, offline, log_db, quiet, only_last=False):
-    from taskrun.runner.chains import check_chain, default_out_dir, load_chain, run_chain
-    from taskrun.runner.output import EventPrinter, metrics_table, print_json
-    from taskrun.runner.runlog import RunLog
+class ChainView(StageView):
+    """A "── stage i/n ──" header before each step; each step's (or only the last's) results."""
 
+    def __init__(self, n_steps: int, json_mode: bool, quiet: bool, only_last: bool) -> None:
+        self.n, self.json_mode, self.quiet, self.only_last = n_steps, json_mode, quiet, only_last
+
+    def begin(self, i, step) -> None:
+        if not self.json_mode and not self.quiet:
+            title = f" {step.title}" if step.title else ""
+            click.secho(f"── stage {i + 1}/{self.n}:{title} ({step.task}) ──", err=True, bold=True)
+
+    def printer(self, i, task) -> EventPrinter:
+        show_items = not self.only_last or i == self.n - 1
+        return EventPrinter(task, None, json_mode=self.json_mode, quiet=self.quiet, show_items=show_items)
+
+
+def _run(name_or_file, args, out_dir, device, dtype, json_mode, offline, log_db, quiet,
+         only_last=False) -> ChainRun:
     chain = load_chain(name_or_file)
     check_chain(chain)  # the wiring, before inputs are even looked at
     out = Path(out_dir) if out_dir else default_out_dir(chain)
-    show = not json_mode
-    last = {}
+    return run_chain(chain, tuple(args), out, device=device, dtype=dtype, offline=offline,
+                     log=RunLog(log_db), view=ChainView(len(chain.steps), json_mode, quiet, only_last))
 
-    def on_stage(i, step):
-        if show and not quiet:
-            title = f" {step.title}" if step.title else ""
-            click.secho(f"── stage {i + 1}/{len(chain.steps)}:{title} ({step.task}) ──", err=True, bold=True)
 
-    def printer_for(task, opts):
-        last["n"] = last.get("n", 0) + 1
-        show_items = not only_last or last["n"] == len(chain.steps)
-        return EventPrinter(task, opts, json_mode=json_mode, quiet=quiet, show_items=show_items)
-
-    run = run_chain(chain, tuple(args), out, device=device, dtype=dtype, offline=offline,
-                    log=RunLog(log_db), printer_for=printer_for, on_stage=on_stage)
-    if json_mode:
-        print_json(run.to_json())
-    elif not quiet:
-        for i, rec in enumerate(run.records):
-            click.secho(f"\n[stage {i + 1}: {rec.task}]", err=True, bold=True)
-            click.echo(metrics_table(rec), err=True)
-        click.secho(f"\nchain {chain.name}: {len(run.records)} stages in {run.wall_s:.2f} s "
-                    f"(chain id {run.chain_id}); artifacts in {run.out_dir}/", err=True)
-    return run
+def _report(run: ChainRun, headline: str) -> None:
+    """Each stage's metrics table, then one line for the whole chain (on stderr)."""
+    for i, rec in enumerate(run.records):
+        click.secho(f"\n[stage {i + 1}: {rec.task}]", err=True, bold=True)
+        click.echo(metrics_table(rec), err=True)
+    click.secho(f"\n{headline} (chain id {run.chain_id}); artifacts in {run.out_dir}/", err=True)
 
 
 @click.command("chain")
@@ -77,7 +78,11 @@ def chain_cmd(name_or_file, inputs, out_dir, device, dtype, json_mode, offline, 
     The whole chain is checked before anything loads. Each stage is a separate job in the run
     log, linked by a chain id; its text output is written to the output folder.
     """
-    _run(name_or_file, inputs, out_dir, device, dtype, json_mode, offline, log_db, quiet)
+    run = _run(name_or_file, inputs, out_dir, device, dtype, json_mode, offline, log_db, quiet)
+    if json_mode:
+        print_json(run.to_json())
+    elif not quiet:
+        _report(run, f"chain {run.chain.name}: {len(run.records)} stages in {run.wall_s:.2f} s")
 
 
 @click.command("ask")
@@ -87,61 +92,15 @@ def chain_cmd(name_or_file, inputs, out_dir, device, dtype, json_mode, offline, 
 @common
 def ask_cmd(question, docs, out_dir, device, dtype, json_mode, offline, log_db, quiet):
     """Answer QUESTION from the documents in --docs, citing passages [1], [2]… (the ask-docs chain)."""
+    # Quiet stages, only the answer streamed: the sources and the numbers come after it.
     run = _run("ask-docs", (question, docs), out_dir, device, dtype, json_mode, offline, log_db, True,
                only_last=True)
     if json_mode:
+        print_json(run.to_json())
         return
     hits = run.records[0].results[0].hits if run.records and run.records[0].results else []
     click.echo("\nSources:")
     for i, h in enumerate(hits, 1):
         click.echo(f"  [{i}] {h.file}:{h.line_start}-{h.line_end}  (score {h.score:.3f})")
     if not quiet:
-        from taskrun.runner.output import metrics_table
-
-        for i, rec in enumerate(run.records):
-            click.secho(f"\n[stage {i + 1}: {rec.task}]", err=True, bold=True)
-            click.echo(metrics_table(rec), err=True)
-        click.secho(f"\nask: {run.wall_s:.2f} s (chain id {run.chain_id}); artifacts in {run.out_dir}/",
-                    err=True)
-
-
-# --------------------------------------------------------------------------- fit
-
-
-@click.command("fit")
-@click.argument("model")
-@click.option("--context", "context", type=int, required=True, help="Tokens of context (prompt + answer).")
-@click.option("--batch", type=int, default=1, show_default=True, help="Sequences decoded at once.")
-@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16", "float16"]),
-              help="Weights and KV cache dtype (taskrun's CPU default is float32).")
-@click.option("--json", "json_mode", is_flag=True, help="Print the estimate as JSON.")
-@click.option("--offline", is_flag=True, help="Never reach the network for models.")
-def fit_cmd(model, context, batch, dtype, json_mode, offline):
-    """Estimate whether MODEL fits in memory at --context tokens and --batch sequences.
-
-    Reads only the model's config (or GGUF header): nothing is loaded. Memory = weights (at
-    --dtype, as taskrun runs them) + KV cache (2 × layers × kv-heads × head-dim × context × batch)
-    + a fixed runtime overhead, against the RAM available now.
-    """
-    from taskrun.models.fit import estimate_fit as estimate
-
-    if context <= 0 or batch <= 0:
-        raise TaskError("--context and --batch must be at least 1")
-    est = estimate(model, context, batch, dtype, offline)
-    if json_mode:
-        click.echo(json.dumps(est))
-        return
-    gib = 1024 ** 3
-    click.echo(f"model      {est['model']} ({est['architecture']}, {est['params'] / 1e6:.0f}M parameters, "
-               f"{est['layers']} layers, window {est['max_context']})")
-    click.echo(f"weights    {est['weights_bytes'] / gib:.2f} GiB ({dtype})")
-    click.echo(f"kv cache   {est['kv_bytes'] / gib:.2f} GiB ({context} tokens × batch {batch})")
-    click.echo(f"overhead   {est['overhead_bytes'] / gib:.2f} GiB (runtime, activations)")
-    click.echo(f"total      {est['total_bytes'] / gib:.2f} GiB; available {est['available_bytes'] / gib:.2f} GiB")
-    for note in est["notes"]:
-        click.echo(f"note       {note}")
-    verdict = "fits" if est["fits"] else "does NOT fit"
-    click.secho(f"verdict    {verdict}", bold=True, fg="green" if est["fits"] else "red")
-    if not est["fits"]:
-        raise SystemExit(1)
-
+        _report(run, f"ask: {run.wall_s:.2f} s")

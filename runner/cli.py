@@ -1,5 +1,6 @@
 """The `run` command line. One subcommand per task, built from the task's Options dataclass, so a
-new task needs no CLI code; plus `tasks`, `models`, `logs` and the commands of runner/commands.py.
+new task needs no CLI code; plus `tasks`, `models`, `fit`, `logs` (runner/info.py) and `chain`, `ask`
+(runner/chain_commands.py).
 
 Kept thin: library errors (TaskError) become one-line click errors here. Set TASKRUN_DEBUG=1 to
 see tracebacks. Importing this module must not import torch.
@@ -10,24 +11,20 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
-import sys
-from pathlib import Path
-from typing import Any
 
 import click
 
 from taskrun.tasks import REGISTRY
-from taskrun.tasks.base import Input, Task, TaskError, make_options
-from taskrun.tasks.inputs import expand_folder, file_input, lines_of, text_input
+from taskrun.tasks.base import Task, TaskError
 
 # Commands that live in their own modules ("module:attribute"), imported only when used.
 EXTRA_COMMANDS: dict[str, str] = {
     "tasks": "taskrun.runner.info:tasks_cmd",
     "models": "taskrun.runner.info:models_cmd",
     "logs": "taskrun.runner.info:logs_cmd",
-    "chain": "taskrun.runner.commands:chain_cmd",
-    "ask": "taskrun.runner.commands:ask_cmd",
-    "fit": "taskrun.runner.commands:fit_cmd",
+    "chain": "taskrun.runner.chain_commands:chain_cmd",
+    "ask": "taskrun.runner.chain_commands:ask_cmd",
+    "fit": "taskrun.runner.info:fit_cmd",
 }
 
 
@@ -194,67 +191,4 @@ def task_command(task: Task) -> click.Command:
                          short_help=task.summary)
 
 
-# --------------------------------------------------------------------------- inputs
-
-
-def gather_inputs(task: Task, args: tuple[str, ...], files: tuple[str, ...]) -> list[Input]:
-    """Positional args (texts or paths), -f files and folders, or stdin → Inputs, kinds sniffed."""
-    out: list[Input] = []
-    takes_text = "text" in task.input_kinds
-    for i, arg in enumerate(args, 1):
-        p = Path(arg)
-        if _is_path(arg):
-            out += _path_inputs(task, p)
-        elif takes_text:
-            out.append(text_input(arg, f"argument {i}"))
-        else:
-            raise TaskError(f"{arg}: no such file; {task.name} takes {task.takes}")
-    for f in files:
-        out += _path_inputs(task, Path(f))
-    if not args and not files and not sys.stdin.isatty():
-        data = sys.stdin.read()
-        if data.strip():
-            if not takes_text:
-                raise TaskError(f"{task.name} takes {task.takes}, not text on stdin; name the files")
-            if task.text_file == "lines":
-                out += [Input(source=f"stdin:{n}", kind="text", text=line.strip())
-                        for n, line in enumerate(data.splitlines(), 1) if line.strip()]
-            else:
-                out.append(text_input(data, "stdin"))
-    return out
-
-
-def _is_path(arg: str) -> bool:
-    """An argument names a file when one exists by that name; a long sentence is not a name."""
-    if not arg or "\n" in arg or len(arg) > 4096:
-        return False
-    try:
-        return Path(arg).exists()
-    except OSError:  # ENAMETOOLONG and friends: it is text
-        return False
-
-
-def _path_inputs(task: Task, p: Path) -> list[Input]:
-    if p.is_dir():
-        # A folder given to a task that takes files (images, audio) means those files: notes
-        # or READMEs beside the photos are not inputs.
-        kinds = tuple(k for k in task.input_kinds if k != "text") or task.input_kinds
-        return [file_input(f) for f in expand_folder(p, kinds)]
-    inp = file_input(p)
-    if inp.kind == "text" and "text" in task.input_kinds and task.text_file == "lines":
-        return lines_of(p)
-    return [inp]
-
-
-def options_from(task: Task, values: dict[str, Any]) -> Any:
-    """Options from CLI values; fields the user did not set keep their dataclass defaults."""
-    defaults = {f.name: f.default for f in dataclasses.fields(task.Options)}
-    given = {}
-    for k, v in values.items():
-        if isinstance(v, tuple) and not isinstance(defaults.get(k), tuple):
-            v = v or defaults.get(k)
-        given[k] = v
-    return make_options(task.Options, given)
-
-
-__all__ = ["main", "gather_inputs", "options_from"]
+__all__ = ["main"]

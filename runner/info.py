@@ -1,4 +1,4 @@
-"""`run tasks`, `run models`, `run logs`: what taskrun can do, with what, and what it did."""
+"""`run tasks`, `run models`, `run fit`, `run logs`: what taskrun can do, with what, and what it did."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 import click
 
 from taskrun.runner.output import fmt_value, print_json
+from taskrun.tasks.base import TaskError
 
 
 @click.command("tasks")
@@ -67,6 +68,44 @@ def models_cmd(json_mode, offline):
             click.echo(f"    {r['why']}")
         if r["default_for"]:
             click.echo(f"    default for {', '.join(r['default_for'])}")
+
+
+@click.command("fit")
+@click.argument("model")
+@click.option("--context", "context", type=int, required=True, help="Tokens of context (prompt + answer).")
+@click.option("--batch", type=int, default=1, show_default=True, help="Sequences decoded at once.")
+@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16", "float16"]),
+              help="Weights and KV cache dtype (taskrun's CPU default is float32).")
+@click.option("--json", "json_mode", is_flag=True, help="Print the estimate as JSON.")
+@click.option("--offline", is_flag=True, help="Never reach the network for models.")
+def fit_cmd(model, context, batch, dtype, json_mode, offline):
+    """Estimate whether MODEL fits in memory at --context tokens and --batch sequences.
+
+    Reads only the model's config (or GGUF header): nothing is loaded. Memory = weights (at
+    --dtype, as taskrun runs them) + KV cache (2 × layers × kv-heads × head-dim × context × batch)
+    + a fixed runtime overhead, against the RAM available now.
+    """
+    from taskrun.models.fit import estimate_fit as estimate
+
+    if context <= 0 or batch <= 0:
+        raise TaskError("--context and --batch must be at least 1")
+    est = estimate(model, context, batch, dtype, offline)
+    if json_mode:
+        click.echo(json.dumps(est))
+        return
+    gib = 1024 ** 3
+    click.echo(f"model      {est['model']} ({est['architecture']}, {est['params'] / 1e6:.0f}M parameters, "
+               f"{est['layers']} layers, window {est['max_context']})")
+    click.echo(f"weights    {est['weights_bytes'] / gib:.2f} GiB ({dtype})")
+    click.echo(f"kv cache   {est['kv_bytes'] / gib:.2f} GiB ({context} tokens × batch {batch})")
+    click.echo(f"overhead   {est['overhead_bytes'] / gib:.2f} GiB (runtime, activations)")
+    click.echo(f"total      {est['total_bytes'] / gib:.2f} GiB; available {est['available_bytes'] / gib:.2f} GiB")
+    for note in est["notes"]:
+        click.echo(f"note       {note}")
+    verdict = "fits" if est["fits"] else "does NOT fit"
+    click.secho(f"verdict    {verdict}", bold=True, fg="green" if est["fits"] else "red")
+    if not est["fits"]:
+        raise SystemExit(1)
 
 
 @click.group("logs", invoke_without_command=True)

@@ -6,6 +6,7 @@ resolution plus reading weights (close to 0 when the model is cached in-process)
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import resource
 import sys
@@ -113,7 +114,12 @@ def run_job(task: Task, get_inputs: Callable[[], list[Input]], options: Any | Ca
             dtype: str = "auto", offline: bool = False, log=None,
             on_event: Callable[[Any], None] | None = None,
             chain_id: str | None = None, stage: int | None = None) -> JobRecord:
-    """Run one job to the end and log it. Raises TaskError (after logging) when the job fails."""
+    """Run one job to the end and log it.
+
+    Raises TaskError (after logging) when the job cannot run, or when its only input fails (with
+    that input's message). A batch runs to the end: each failed input is an ``ItemError`` in the
+    record, whose status is ``partial`` when some inputs succeeded and ``failed`` when none did.
+    """
     clock = Clock()
     rec = JobRecord(id=new_id(), task=task.name, chain_id=chain_id, stage=stage,
                     started_at=datetime.now(timezone.utc).isoformat(timespec="milliseconds"))
@@ -129,7 +135,7 @@ def run_job(task: Task, get_inputs: Callable[[], list[Input]], options: Any | Ca
         rec.input_digest = input_digest(inputs)
         _run(task, inputs, rec, clock, emit, model=model, runtime=runtime, device=device,
              dtype=dtype, offline=offline)
-        rec.status = "partial" if rec.errors else "ok"
+        rec.status, rec.error = _outcome(rec)
     except TaskError as exc:
         rec.status, rec.error = "failed", str(exc)
         raise
@@ -152,19 +158,14 @@ def _run(task: Task, inputs: list[Input], rec: JobRecord, clock: Clock, emit, *,
     from taskrun.pipelines import load_pipeline
     from taskrun.models.resolve import default_model, resolve
 
-    # Per-item input checks: in a batch a bad item is reported and the rest go on.
     good: list[tuple[int, Input]] = []
     for i, inp in enumerate(inputs):
         try:
             task.check_input(inp)
             good.append((i, inp))
         except TaskError as exc:
-            if len(inputs) == 1:
-                raise
-            err = ev.ItemError(i, inp.describe(), str(exc))
-            rec.errors.append(err)
-            emit(err)
-    if not good and inputs:
+            _item_failed(rec, ev.ItemError(i, inp.describe(), str(exc)), emit)
+    if not good and inputs:  # nothing to load a model for
         raise TaskError(f"none of the {len(inputs)} inputs could be used; see the errors above")
 
     t_load = time.perf_counter()
@@ -178,18 +179,39 @@ def _run(task: Task, inputs: list[Input], rec: JobRecord, clock: Clock, emit, *,
     rec.device, rec.dtype = pipe.device, pipe.dtype
 
     index = [i for i, _ in good]
-    for event in _guarded(pipe.run([inp for _, inp in good], rec.options, clock)):
-        if isinstance(event, (ev.Item, ev.ItemError, ev.Token, ev.Partial)):
-            event = _reindex(event, index)
-        if isinstance(event, ev.Item):
-            rec.items.append(event)
-        elif isinstance(event, ev.ItemError):
-            rec.errors.append(event)
-        elif isinstance(event, ev.Done):
-            rec.metrics = event.metrics
-        emit(event)
+    events = _guarded(pipe.run([inp for _, inp in good], rec.options, clock))
+    with contextlib.closing(events):  # a lone failed input ends the job here: stop the pipeline
+        for event in events:
+            if isinstance(event, (ev.Item, ev.ItemError, ev.Token, ev.Partial)):
+                event = _reindex(event, index)
+            if isinstance(event, ev.ItemError):
+                _item_failed(rec, event, emit)
+                continue
+            if isinstance(event, ev.Item):
+                rec.items.append(event)
+            elif isinstance(event, ev.Done):
+                rec.metrics = event.metrics
+            emit(event)
     if rec.metrics is None:
         raise RuntimeError(f"the {rec.runtime} pipeline for {task.name} ended without its metrics")
+
+
+def _item_failed(rec: JobRecord, err: ev.ItemError, emit) -> None:
+    """The one failure policy for an input, whether its check or the pipeline failed it: a job
+    of one input fails with that input's message; in a batch it is reported and the rest go on."""
+    if rec.n_inputs == 1:
+        raise TaskError(err.message)
+    rec.errors.append(err)
+    emit(err)
+
+
+def _outcome(rec: JobRecord) -> tuple[str, str | None]:
+    """(status, error) of a job that ran to the end: failed when none of its inputs succeeded."""
+    if not rec.errors:
+        return "ok", None
+    if rec.items:
+        return "partial", None
+    return "failed", f"{len(rec.errors)} of {rec.n_inputs} inputs failed"
 
 
 def _guarded(gen):

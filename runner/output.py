@@ -3,15 +3,17 @@ files written whole or not at all."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
 
 from taskrun.tasks import events as ev
-from taskrun.tasks.base import to_jsonable
+from taskrun.tasks.base import Task, TaskError, atomic_write, to_jsonable
 
 
 def fmt_value(v: Any) -> str:
@@ -116,3 +118,62 @@ class EventPrinter:
 
 def print_json(obj: Any) -> None:
     click.echo(json.dumps(to_jsonable(obj), ensure_ascii=False))
+
+
+# --------------------------------------------------------------------------- a job's result
+
+
+def pick_format(task: Task, fmt: str | None, output: str | None) -> str | None:
+    """The output format: as given, or from the -o file's suffix when it names one of the task's."""
+    if fmt is None and output:
+        suffix = Path(output).suffix.lstrip(".").lower()
+        if suffix in task.formats:
+            return suffix
+        if task.writes_files and suffix not in ("json", "txt"):
+            raise TaskError(f"{task.name} writes {task.writes_files.upper()} files; name the output "
+                            f"{Path(output).stem or 'out'}.{task.writes_files}")
+    return fmt
+
+
+def check_output_path(output: str) -> None:
+    parent = Path(output).resolve().parent
+    if not parent.is_dir():
+        raise TaskError(f"cannot write {output}: folder {parent} does not exist; create it first")
+
+
+def emit(task: Task, rec, fmt: str | None, output: str | None, json_mode: bool, quiet: bool) -> None:
+    """A finished job's result, in the format asked, to stdout or ``output``; its metrics to stderr."""
+    results = rec.results
+    if json_mode and task.writes_files and results:
+        # The files are the result (images): write them, name them in the JSON, and keep stdout
+        # for the JSON alone (the writer lists the paths it wrote on stdout in text mode).
+        ext = task.writes_files
+        target = Path(output) if output and output.lower().endswith("." + ext) else None
+        with contextlib.redirect_stdout(sys.stderr):
+            task.write(results, ext, target, rec.options)
+        print_json(rec.to_json())
+    elif json_mode:
+        if output:
+            atomic_write(output, json.dumps(to_jsonable(rec.to_json()), ensure_ascii=False, indent=1))
+        else:
+            print_json(rec.to_json())
+    elif fmt not in (None, "text"):
+        if results:
+            _write_format(task, rec, fmt, output)
+    elif output and results:
+        atomic_write(output, "\n".join(task.render(r, rec.options) for r in results) + "\n")
+    if not quiet:
+        click.echo(metrics_table(rec), err=True)
+    sys.stdout.flush()
+
+
+def _write_format(task: Task, rec, fmt: str, output: str | None) -> None:
+    text = task.write(rec.results, fmt, Path(output) if output else None, rec.options)
+    if text is None:
+        return
+    if output:
+        atomic_write(output, text)
+    elif isinstance(text, bytes):
+        sys.stdout.buffer.write(text)
+    else:
+        click.echo(text, nl=not text.endswith("\n"))

@@ -183,6 +183,71 @@ def test_metrics_table_on_stderr_results_on_stdout(bert):
     assert "(32-d)" in r.stdout
 
 
+# --------------------------------------------------------------------------- one failure policy
+# Whether an input fails its check or fails inside the pipeline, and whatever the task: a lone
+# failed input is a failed job with that input's message; a batch runs to the end, partial when
+# some inputs succeeded and failed when none did.
+
+
+@pytest.fixture
+def vit(tiny_dir):
+    from tests.tiny.vision import build_vit
+
+    return str(build_vit(tiny_dir))
+
+
+@pytest.fixture
+def whisper(tiny_dir):
+    from tests.tiny.whisper import build
+
+    return str(build(tiny_dir))
+
+
+def _broken_jpg(path: Path) -> str:
+    return _write(path, b"\xff\xd8\xff\xe0\x00\x10JFIF\x00" + bytes(300))  # a JPEG header, no image
+
+
+def _broken_wav(path: Path) -> str:
+    return _write(path, b"RIFF" + b"\x00" * 4 + b"WAVE" + b"\xff" * 2000)  # no data chunk
+
+
+BROKEN = {"classify": ("vit", _broken_jpg, ".jpg"), "transcribe": ("whisper", _broken_wav, ".wav")}
+
+
+@pytest.mark.parametrize("task", sorted(BROKEN))
+def test_a_lone_failed_input_is_a_failed_job_with_its_message(task, request, tmp_path):
+    fixture, broken, ext = BROKEN[task]
+    r = invoke(task, broken(tmp_path / f"broken{ext}"), "--model", request.getfixturevalue(fixture))
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    row = last_run()
+    assert row["task"] == task and row["status"] == "failed" and row["error"]
+    assert f"Error: {row['error']}" in r.output and "inputs failed" not in r.output
+    assert r.output.count(row["error"]) == 1  # said once, not as an item error and again as the job's
+
+
+@pytest.mark.parametrize("task", sorted(BROKEN))
+def test_a_batch_where_every_input_fails_is_a_failed_job(task, request, tmp_path):
+    fixture, broken, ext = BROKEN[task]
+    files = [broken(tmp_path / f"broken{n}{ext}") for n in (1, 2)]
+    r = invoke(task, *files, "--model", request.getfixturevalue(fixture))
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert all(f in r.output for f in files)  # each failed input is named
+    row = last_run()
+    assert row["task"] == task and row["status"] == "failed" and row["error"] and row["inputs"] == 2
+
+
+def test_a_batch_where_some_inputs_fail_is_partial_and_the_others_finish(vit, tmp_path):
+    from tests.tiny.vision import picture
+
+    good = str(picture(tmp_path))
+    r = invoke("classify", good, _broken_jpg(tmp_path / "broken.jpg"), "--model", vit, "--json", "-q")
+    assert r.exit_code == 1 and "1 of 2 inputs failed (see the errors above); the others finished" in r.output
+    out = json.loads(r.stdout)
+    assert out["status"] == "partial" and [it["input"] for it in out["items"]] == [good]
+    row = last_run()
+    assert row["status"] == "partial" and row["error"] is None and row["inputs"] == 2
+
+
 # --------------------------------------------------------------------------- helpers
 
 
