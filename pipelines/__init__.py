@@ -29,16 +29,23 @@ class Runtime:
 _P = "taskrun.pipelines."
 
 RUNTIMES: dict[tuple[str, str], Runtime] = {
-    ("embed", "transformers"): Runtime(_P + "text.embed:EmbedPipeline"),
-    ("search", "transformers"): Runtime(_P + "text.search:SearchPipeline"),
-    ("classify", "transformers"): Runtime(_P + "text.classify:ClassifyPipeline"),
+    ("embed", "transformers"): Runtime(_P + "text.embed:EmbedPipeline",
+                                       engine=_P + "text.hf_encoder:HFTextEncoder"),
+    ("search", "transformers"): Runtime(_P + "text.search:SearchPipeline",
+                                        engine=_P + "text.hf_encoder:HFTextEncoder"),
+    ("classify", "transformers"): Runtime(_P + "text.classify:ClassifyPipeline",
+                                          engine=_P + "text.hf_encoder:HFTextEncoder"),
     ("classify", "torch"): Runtime(_P + "vision.efficientnet:EfficientNetPipeline"),
     ("detect", "torch"): Runtime(_P + "vision.faces:FacePipeline"),
     ("detect", "transformers"): Runtime(_P + "vision.hf_detect:DetectPipeline"),
-    ("transcribe", "ctranslate2"): Runtime(_P + "speech.ct2_engine:CT2Whisper"),
-    ("transcribe", "transformers"): Runtime(_P + "speech.hf_engine:HFSpeech"),
-    ("generate", "transformers"): Runtime(_P + "llm.generate:GeneratePipeline"),
-    ("summarize", "transformers"): Runtime(_P + "llm.summarize:SummarizePipeline"),
+    ("transcribe", "ctranslate2"): Runtime(_P + "speech.transcribe:TranscribePipeline",
+                                           engine=_P + "speech.ct2_engine:CT2WhisperEngine"),
+    ("transcribe", "transformers"): Runtime(_P + "speech.transcribe:TranscribePipeline",
+                                            engine=_P + "speech.hf_engine:HFSpeechEngine"),
+    ("generate", "transformers"): Runtime(_P + "llm.generate:GeneratePipeline",
+                                          engine=_P + "llm.hf_engine:TransformersLLM"),
+    ("summarize", "transformers"): Runtime(_P + "llm.summarize:SummarizePipeline",
+                                           engine=_P + "llm.hf_engine:TransformersLLM"),
     ("image", "diffusers"): Runtime(_P + "diffusion.image:DiffusionPipeline"),
 }
 

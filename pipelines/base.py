@@ -20,7 +20,7 @@ class Pipeline:
 
     def __init__(self, card: ModelCard, device: str = "auto", dtype: str = "auto") -> None:
         self.card = card
-        self.device = resolve_device(device) if self.runtime != "ctranslate2" else device
+        self.device = resolve_device(device)
         self.dtype = dtype  # a pipeline sets the dtype it actually chose during load
 
     def run(self, inputs: list[Input], options: Any, clock: Clock) -> Iterator[Any]:

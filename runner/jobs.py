@@ -200,7 +200,7 @@ def _item_failed(rec: JobRecord, err: ev.ItemError, emit) -> None:
     """The one failure policy for an input, whether its check or the pipeline failed it: a job
     of one input fails with that input's message; in a batch it is reported and the rest go on."""
     if rec.n_inputs == 1:
-        raise TaskError(err.message)
+        raise TaskError(err.describe())
     rec.errors.append(err)
     emit(err)
 

@@ -84,9 +84,7 @@ class EventPrinter:
         elif isinstance(event, ev.ItemError):
             self.err_count += 1
             self._clear_bar_line()
-            # Many messages already start with the file they are about; don't say it twice.
-            msg = event.message if event.message.startswith(event.source) else f"{event.source}: {event.message}"
-            click.secho(f"error: {msg}", err=True, fg="red")
+            click.secho(f"error: {event.describe()}", err=True, fg="red")
         elif isinstance(event, ev.Done):
             self.close()
 

@@ -62,6 +62,10 @@ class ItemError:
     source: str
     message: str
 
+    def describe(self) -> str:
+        """The message, naming its input once (many messages already start with their file)."""
+        return self.message if self.message.startswith(self.source) else f"{self.source}: {self.message}"
+
 
 @dataclass(frozen=True)
 class Done:

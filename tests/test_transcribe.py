@@ -13,7 +13,8 @@ import soundfile as sf
 from click.testing import CliRunner
 
 from taskrun.pipelines.speech import audio
-from taskrun.pipelines.speech.transcribe import Piece, place
+from taskrun.pipelines.speech.engine import Piece
+from taskrun.pipelines.speech.transcribe import place
 from taskrun.pipelines.speech.hf_engine import ctc_segments, whisper_segments
 from tools.wer import wer
 from taskrun.runner.cli import main

@@ -138,26 +138,24 @@ def state_dict(variables: dict[str, np.ndarray], aliases: dict[str, str], cfg) -
         sd[hf + ".fc2.weight"], sd[hf + ".fc2.bias"] = T(ct + "/linear_1/weight"), T(ct + "/linear_1/bias")
         ln(hf + ".final_layer_norm", ct + "/layer_norm")
 
+    def stack(side: str, layers: int) -> None:  # "encoder" or "decoder": the same names on both sides
+        sd[f"model.{side}.embed_positions.weight"] = T(f"{side}/position_encodings/encodings")
+        ln(f"model.{side}.layer_norm", f"{side}/layer_norm")
+        for i in range(layers):
+            h, c = f"model.{side}.layers.{i}", f"{side}/layer_{i}"
+            attn(h + ".self_attn", c + "/self_attention", True)
+            ln(h + ".self_attn_layer_norm", c + "/self_attention/layer_norm")
+            if side == "decoder":  # cross-attention over the encoder's output
+                attn(h + ".encoder_attn", c + "/attention", False)
+                ln(h + ".encoder_attn_layer_norm", c + "/attention/layer_norm")
+            ffn(h, c + "/ffn")
+
     for c in ("conv1", "conv2"):
         sd[f"model.encoder.{c}.weight"], sd[f"model.encoder.{c}.bias"] = \
             T(f"encoder/{c}/weight"), T(f"encoder/{c}/bias")
-    sd["model.encoder.embed_positions.weight"] = T("encoder/position_encodings/encodings")
-    ln("model.encoder.layer_norm", "encoder/layer_norm")
-    for i in range(cfg.encoder_layers):
-        h, c = f"model.encoder.layers.{i}", f"encoder/layer_{i}"
-        attn(h + ".self_attn", c + "/self_attention", True)
-        ln(h + ".self_attn_layer_norm", c + "/self_attention/layer_norm")
-        ffn(h, c + "/ffn")
+    stack("encoder", cfg.encoder_layers)
     sd["model.decoder.embed_tokens.weight"] = T("decoder/embeddings/weight")
-    sd["model.decoder.embed_positions.weight"] = T("decoder/position_encodings/encodings")
-    ln("model.decoder.layer_norm", "decoder/layer_norm")
-    for i in range(cfg.decoder_layers):
-        h, c = f"model.decoder.layers.{i}", f"decoder/layer_{i}"
-        attn(h + ".self_attn", c + "/self_attention", True)
-        ln(h + ".self_attn_layer_norm", c + "/self_attention/layer_norm")
-        attn(h + ".encoder_attn", c + "/attention", False)
-        ln(h + ".encoder_attn_layer_norm", c + "/attention/layer_norm")
-        ffn(h, c + "/ffn")
+    stack("decoder", cfg.decoder_layers)
     return sd
 
 

@@ -1,22 +1,20 @@
 """transcribe on CTranslate2 through faster-whisper: the default for the packaged Whisper weights.
 
 taskrun does the reading, chunking and voice-activity detection (pipelines/speech/transcribe.py) so that
-both runtimes see the same chunks; faster-whisper decodes each chunk of at most 30 s.
+both runtimes see the same chunks; this engine decodes each window of at most 30 s.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-# CTranslate2's OpenMP threads spin while idle by default; on a shared machine that steals the
-# cores they are waiting for. Set before faster_whisper loads ctranslate2.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-from taskrun.pipelines import cached_model
-from taskrun.pipelines.device import cpu_threads
-from taskrun.pipelines.speech.transcribe import FileState, Piece, SpeechPipeline
+from taskrun.pipelines.device import configure_openmp, cpu_threads
+from taskrun.pipelines.speech.engine import FileState, Piece, SpeechEngine
 from taskrun.tasks.base import TaskError
+
+# CTranslate2's own libgomp reads OMP_WAIT_POLICY once, when ctranslate2 is first imported
+# (lazily, below): set the runner's passive policy before that, without importing torch.
+configure_openmp()
 
 # float32 on CPU: the packaged weights are fp16, and CTranslate2 converts them at load; int8 costs
 # ~1.6 s more load for tiny.en and decoded no faster here (see benchmarks/bench_transcribe.py).
@@ -58,17 +56,19 @@ def generation_limit(folder) -> int | None:
     return max(1, int(limit) - 4) if limit and int(limit) < 448 else None  # 4: the prompt tokens
 
 
-class CT2Whisper(SpeechPipeline):
+class CT2WhisperEngine(SpeechEngine):
+    """Whisper in a CTranslate2 folder (model.bin), decoded by faster-whisper."""
+
     runtime = "ctranslate2"
 
     def __init__(self, card, device="auto", dtype="auto"):
-        super().__init__(card, device, dtype)
         if not (Path(card.path) / "model.bin").exists():
             raise TaskError(f"`{card.name}` is not a CTranslate2 folder (no model.bin); "
                             f"run it with --runtime transformers")
+        self.card = card
         self.device = ct2_device(device)
         self.dtype = compute_type(dtype, self.device, card.extra)
-        self.model = cached_model(card, self.runtime, self.device, self.dtype, "whisper", self._load)
+        self.model = self._load()
         self.max_new_tokens = generation_limit(Path(card.path))
 
     def _load(self):
@@ -94,13 +94,13 @@ class CT2Whisper(SpeechPipeline):
         language = state.language or (None if self.multilingual else "en")
         segments, info = self.model.transcribe(
             samples, language=language, task=options.task, beam_size=options.beam_size or 5,
-            vad_filter=False,  # taskrun's own VAD already trimmed this chunk
+            vad_filter=False,  # taskrun's own VAD already trimmed this window
             word_timestamps=options.word_timestamps, without_timestamps=False,
             condition_on_previous_text=True, max_new_tokens=self.max_new_tokens,
             # The previous window's words, so that each window continues the file's text the way
             # faster-whisper's own loop conditions on what it decoded before.
             initial_prompt=state.previous.strip() or None)
-        if state.language is None:  # detected once per file, then kept for every chunk
+        if state.language is None:  # detected once per file, then kept for every window
             state.language = info.language
         for s in segments:
             words = [(w.start, w.end, w.word.strip(), w.probability) for w in s.words] if s.words else None

@@ -12,9 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from taskrun.pipelines import cached_model
-from taskrun.pipelines.device import auto_dtype, resolve_dtype
-from taskrun.pipelines.speech.transcribe import FileState, Piece, SpeechPipeline
+from taskrun.pipelines.device import auto_dtype, resolve_device, resolve_dtype
+from taskrun.pipelines.speech.engine import FileState, Piece, SpeechEngine
 from taskrun.tasks.base import TaskError
 
 TIME_PRECISION = 0.02  # seconds per Whisper timestamp token
@@ -71,11 +70,14 @@ def ctc_segments(words: list[dict], seconds_per_frame: float) -> list[Piece]:
                   " ".join(w["word"] for w in p)) for p in pieces]
 
 
-class HFSpeech(SpeechPipeline):
+class HFSpeechEngine(SpeechEngine):
+    """Whisper (WhisperForConditionalGeneration) or a *ForCTC model on transformers."""
+
     runtime = "transformers"
 
     def __init__(self, card, device="auto", dtype="auto"):
-        super().__init__(card, device, dtype)
+        self.card = card
+        self.device = resolve_device(device)
         self.torch_dtype, self.dtype = resolve_dtype(dtype, self.device, auto_dtype(self.device, False))
         self.folder = model_folder(card)
         try:
@@ -88,7 +90,8 @@ class HFSpeech(SpeechPipeline):
         if not self.ctc and cfg.get("model_type") != "whisper":
             raise TaskError(f"`{card.name}` is a {arch or cfg.get('model_type')} model; the transformers "
                             f"runtime transcribes with Whisper or *ForCTC models")
-        self.model, self.processor = cached_model(card, self.runtime, self.device, self.dtype, "asr", self._load)
+        self.takes_language = not self.ctc  # a CTC model is given audio only: no language, no task
+        self.model, self.processor = self._load()
         self.sample_rate = int(self.processor.feature_extractor.sampling_rate)
 
     def _load(self):
@@ -106,14 +109,11 @@ class HFSpeech(SpeechPipeline):
         if options.word_timestamps:
             raise TaskError("--word-timestamps needs the ctranslate2 runtime (faster-whisper); "
                             "drop it, or use --runtime ctranslate2")
-        if self.ctc:
-            if options.task == "translate":
-                raise TaskError(f"`{self.card.name}` is a CTC model and cannot translate; use a multilingual Whisper")
-            return
-        super().check_options(options)
+        if self.ctc and options.task == "translate":
+            raise TaskError(f"`{self.card.name}` is a CTC model and cannot translate; use a multilingual Whisper")
 
     def languages(self) -> list[str]:
-        return [tok.strip("<|>") for tok in self.model.generation_config.lang_to_id]
+        return [] if self.ctc else [tok.strip("<|>") for tok in self.model.generation_config.lang_to_id]
 
     def decode(self, samples, options, state: FileState):
         return self._ctc(samples) if self.ctc else self._whisper(samples, options, state)
@@ -127,7 +127,7 @@ class HFSpeech(SpeechPipeline):
         gc = self.model.generation_config
         kwargs = {}
         if self.multilingual:
-            if state.language is None:  # detected once per file, then kept for every chunk
+            if state.language is None:  # detected once per file, then kept for every window
                 lang_id = int(self.model.detect_language(feats)[0])
                 state.language = self.processor.tokenizer.convert_ids_to_tokens(lang_id).strip("<|>")
             kwargs = {"language": state.language, "task": options.task}

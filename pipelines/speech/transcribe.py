@@ -1,59 +1,29 @@
-"""The part of transcription that does not depend on the runtime: read each file in bounded
-memory, cut it into chunks, skip silence, hand each chunk to the runtime's decoder, place the
-segments on the file's timeline, stream them, and measure.
+"""transcribe, written once for every runtime: read each file in bounded memory, cut it into
+chunks, skip silence, hand each window to the runtime's engine (pipelines/speech/engine.py), place
+the segments on the file's timeline, stream them, and measure.
 
-A runtime subclasses :class:`SpeechPipeline` and implements ``decode(samples, options, state)``,
-yielding :class:`Piece` objects whose times are relative to the samples it was given.
+The engine decodes one window and knows its model; this module knows files, time and the task's
+options, so both runtimes see the same chunks and report the same metrics.
 """
 
 from __future__ import annotations
 
-import time
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
 
-from taskrun.pipelines.speech import audio
 from taskrun.pipelines.base import Pipeline
+from taskrun.pipelines.speech import audio
+from taskrun.pipelines.speech.engine import FileState, Piece, SpeechEngine
 from taskrun.tasks import events as ev
-from taskrun.tasks.base import TaskError
+from taskrun.tasks.base import Input, ModelCard, TaskError
+from taskrun.tasks.clock import Clock, timed
 from taskrun.tasks.transcribe import Metrics, Segment, Transcript, Word
 
 SEAM_S = 8.0  # a chunk's cut is chosen in its last SEAM_S seconds, where a pause is likely
-
-
-@dataclass
-class Piece:
-    """A decoded segment, times relative to the decoded samples; ``end`` None = runs to their end."""
-
-    start: float
-    end: float | None
-    text: str
-    words: list[tuple[float, float, str, float]] | None = None
-
-
-@dataclass
-class FileState:
-    """What a decoder may carry from one chunk of a file to the next (the detected language)."""
-
-    language: str | None
-    previous: str = ""  # the text decoded so far (its tail prompts the next window, as Whisper does)
-
-
-class _Stopwatch:
-    """Processing time of a generator, excluding the time its consumer holds it at a yield."""
-
-    def __init__(self) -> None:
-        self.total = 0.0
-        self.t = time.perf_counter()
-
-    def pause(self) -> None:
-        self.total += time.perf_counter() - self.t
-
-    def resume(self) -> None:
-        self.t = time.perf_counter()
+PROMPT_CHARS = 400  # how much of the text decoded so far is kept to prompt the next window
 
 
 def place(pieces: list[Piece] | Iterator[Piece], offset_s: float, end_s: float, floor_s: float,
@@ -89,106 +59,81 @@ def join_text(segments: list[Segment]) -> str:
     return " ".join(s.text for s in segments).strip()
 
 
-class SpeechPipeline(Pipeline):
+@dataclass
+class _Tally:
+    """A job's running totals: what its progress bar and metrics are made of."""
+
+    total_s: float = 0.0  # the headers' length of every readable file: the progress bar's end
+    done_s: float = 0.0  # the headers' length of the files finished
+    audio_s: float = 0.0  # audio actually read (a truncated file holds less than its header says)
+    speech_s: float = 0.0  # what VAD kept
+    chunks: int = 0  # windows decoded
+    words: int = 0
+
+
+def _item_error(i: int, inp: Input, exc: TaskError) -> ev.ItemError:
+    """One bad file, reported as its item's error; the runner decides what it means for the job
+    (the job's error when it is the only input, else the rest go on)."""
+    msg, path = str(exc), inp.path or ""
+    if path and msg.startswith(path):  # ItemError.describe() names the file once
+        msg = msg[len(path):].lstrip(" :")
+    return ev.ItemError(i, inp.source, msg)
+
+
+class TranscribePipeline(Pipeline):
+    """transcribe on any :class:`SpeechEngine`: the engine class comes from the RUNTIMES row."""
+
     task = "transcribe"
-    sample_rate = 16000
 
-    def decode(self, samples: np.ndarray, options: Any, state: FileState) -> Iterator[Piece]:
-        raise NotImplementedError
-
-    def default_language(self) -> str:
-        return "en"
-
-    multilingual = False  # a runtime says whether its loaded model knows several languages
-
-    def languages(self) -> list[str]:
-        """Language codes the model knows (multilingual models)."""
-        return []
+    def __init__(self, card: ModelCard, device: str = "auto", dtype: str = "auto", *,
+                 engine: type[SpeechEngine]) -> None:
+        # Not Pipeline.__init__: the engine resolves device and dtype itself (CTranslate2's
+        # devices are not torch's), and reports what it chose.
+        self.card = card
+        self.engine = engine.load(card, device, dtype)
+        self.runtime, self.device, self.dtype = self.engine.runtime, self.engine.device, self.engine.dtype
 
     def check_options(self, options: Any) -> None:
-        """Refuse options this model cannot honour (before any audio is read)."""
-        if not self.multilingual:
+        """Refuse options this model cannot honour, before any audio is read: the runtime's own
+        refusals first, then the language checks every Whisper-like engine shares."""
+        engine, name = self.engine, self.card.name
+        engine.check_options(options)
+        if not engine.takes_language:
+            return
+        if not engine.multilingual:
             if options.language not in (None, "en"):
-                raise TaskError(f"`{self.card.name}` is English-only; for --language {options.language} "
+                raise TaskError(f"`{name}` is English-only; for --language {options.language} "
                                 f"use a multilingual model such as whisper-base")
             if options.task == "translate":
-                raise TaskError(f"`{self.card.name}` is English-only and cannot translate; use a "
+                raise TaskError(f"`{name}` is English-only and cannot translate; use a "
                                 f"multilingual model such as whisper-base with --task translate")
-        elif options.language and options.language not in self.languages():
-            raise TaskError(f"`{self.card.name}` does not know language '{options.language}'; it knows "
-                            f"{', '.join(self.languages()[:12])}, ...")
+        elif options.language and options.language not in engine.languages():
+            raise TaskError(f"`{name}` does not know language '{options.language}'; it knows "
+                            f"{', '.join(engine.languages()[:12])}, ...")
 
-    def run(self, inputs, options, clock):
+    def run(self, inputs: list[Input], options: Any, clock: Clock) -> Iterator[Any]:
         self.check_options(options)
-        sw = _Stopwatch()
-        totals = {"audio": 0.0, "speech": 0.0, "chunks": 0, "words": 0}
+        tally = _Tally()
+        # rtf's processing time: read + resample + VAD + decode, not the consumer's time at a yield
+        yield from timed(self._events(inputs, options, tally), lambda s: clock.add("transcribe", s))
+        proc, a = clock.total("transcribe"), tally.audio_s
+        speech = tally.speech_s if options.vad else None
+        yield ev.Done(Metrics(audio_s=round(a, 3), rtf=proc / a if a else 0.0, chunks=tally.chunks,
+                              words=tally.words, speech_s=None if speech is None else round(speech, 3),
+                              rtf_speech=proc / speech if speech else None))
+
+    def _events(self, inputs: list[Input], options: Any, tally: _Tally) -> Iterator[Any]:
         infos: dict[int, audio.AudioInfo] = {}
         for i, inp in enumerate(inputs):  # probe all first: bad files fail fast, the bar knows the total
             try:
                 infos[i] = self._probe(inp)
             except TaskError as exc:
-                sw.pause()
-                yield self._failed(inputs, i, exc)
-                sw.resume()
-        total_s = sum(info.duration_s for info in infos.values())
-        done_s = 0.0
+                yield _item_error(i, inp, exc)
+        tally.total_s = sum(info.duration_s for info in infos.values())
         for i, info in infos.items():
-            inp = inputs[i]
-            segments: list[Segment] = []
-            state = FileState(options.language)
-            file_s = 0.0
-            try:
-                chunks = audio.chunked(audio.read_blocks(info.path, self.sample_rate), self.sample_rate,
-                                       options.chunk_s, min(SEAM_S, options.chunk_s / 3))
-                for item in self._windows(chunks, options, totals):
-                    if isinstance(item, audio.Chunk):  # read so far: progress over the file
-                        file_s = item.end_s
-                        sw.pause()
-                        yield ev.Progress(round(min(done_s + file_s, total_s), 2), round(total_s, 2), "s", "audio")
-                        sw.resume()
-                        continue
-                    totals["chunks"] += 1
-                    floor = segments[-1].end if segments else 0.0
-                    for seg in place(self.decode(item.samples, options, state), 0.0, item.end_s, floor,
-                                     timeline=item.to_file):
-                        segments.append(seg)
-                        state.previous = (state.previous + " " + seg.text)[-400:]
-                        sw.pause()
-                        yield ev.Partial(seg, i)
-                        sw.resume()
-            except TaskError as exc:
-                sw.pause()
-                yield self._failed(inputs, i, exc)
-                sw.resume()
-                continue
-            done_s += info.duration_s
-            totals["audio"] += file_s
-            result = Transcript(source=inp.source, text=join_text(segments),
-                                language=state.language or self.default_language(),
-                                audio_s=round(file_s, 3), segments=segments)
-            totals["words"] += len(result.text.split())
-            sw.pause()
-            yield ev.Item(i, inp.source, result)
-            sw.resume()
-        sw.pause()
-        proc = sw.total
-        a = totals["audio"]
-        speech = totals["speech"] if options.vad else None
-        yield ev.Done(Metrics(audio_s=round(a, 3), rtf=proc / a if a else 0.0, chunks=totals["chunks"],
-                              words=totals["words"], speech_s=None if speech is None else round(speech, 3),
-                              rtf_speech=(proc / speech if speech else None) if options.vad else None))
+            yield from self._file(i, inputs[i], info, options, tally)
 
-    @staticmethod
-    def _failed(inputs, i: int, exc: TaskError) -> ev.ItemError:
-        """One bad file: the job's error when it is the only one, else an ItemError and the rest go on."""
-        if len(inputs) == 1:
-            raise exc
-        msg, path = str(exc), inputs[i].path or ""
-        if path and msg.startswith(path):  # the printer already names the file
-            msg = msg[len(path):].lstrip(" :")
-        return ev.ItemError(i, inputs[i].source, msg)
-
-    def _probe(self, inp) -> audio.AudioInfo:
+    def _probe(self, inp: Input) -> audio.AudioInfo:
         if not inp.path:
             raise TaskError(f"{inp.source}: transcribe takes audio files, not text")
         info = audio.probe(inp.path)
@@ -196,12 +141,53 @@ class SpeechPipeline(Pipeline):
             raise TaskError(f"{inp.path} holds no audio samples (0 s); give a recording with sound in it")
         return info
 
-    def _windows(self, chunks: Iterator[audio.Chunk], options, totals: dict) -> Iterator[Any]:
+    def _file(self, i: int, inp: Input, info: audio.AudioInfo, options: Any, tally: _Tally) -> Iterator[Any]:
+        """One file's events: progress as it is read, each segment as it is decoded, then its
+        transcript, or its ItemError when it cannot be read to the end."""
+        sr = self.engine.sample_rate
+        segments: list[Segment] = []
+        state = FileState(options.language)
+        file_s = 0.0
+        try:
+            chunks = audio.chunked(audio.read_blocks(info.path, sr), sr, options.chunk_s,
+                                   min(SEAM_S, options.chunk_s / 3))
+            for item in self._windows(chunks, options, tally):
+                if isinstance(item, audio.Chunk):  # read so far: progress over the file
+                    file_s = item.end_s
+                    yield ev.Progress(round(min(tally.done_s + file_s, tally.total_s), 2),
+                                      round(tally.total_s, 2), "s", "audio")
+                    continue
+                tally.chunks += 1
+                for seg in self._decode(item, options, state, segments):
+                    yield ev.Partial(seg, i)
+        except TaskError as exc:
+            yield _item_error(i, inp, exc)
+            return
+        tally.done_s += info.duration_s
+        tally.audio_s += file_s
+        result = Transcript(source=inp.source, text=join_text(segments),
+                            language=state.language or self.engine.default_language,
+                            audio_s=round(file_s, 3), segments=segments)
+        tally.words += len(result.text.split())
+        yield ev.Item(i, inp.source, result)
+
+    def _decode(self, window: Window, options: Any, state: FileState, segments: list[Segment]
+                ) -> Iterator[Segment]:
+        """One window through the engine, its pieces placed on the file's timeline after the
+        segments so far (appended to ``segments``, and to the prompt for the next window)."""
+        floor = segments[-1].end if segments else 0.0
+        pieces = self.engine.decode(window.samples, options, state)
+        for seg in place(pieces, 0.0, window.end_s, floor, timeline=window.to_file):
+            segments.append(seg)
+            state.previous = (state.previous + " " + seg.text)[-PROMPT_CHARS:]
+            yield seg
+
+    def _windows(self, chunks: Iterator[audio.Chunk], options: Any, tally: _Tally) -> Iterator[Any]:
         """What the model decodes: with VAD, the speech of consecutive chunks packed into windows
         of at most chunk_s (as faster-whisper's vad_filter does, so pauses cost nothing); without,
         each chunk that is not silent. Each chunk is also passed through, after its speech, to
         report progress. Memory: one chunk plus one window."""
-        sr = self.sample_rate
+        sr = self.engine.sample_rate
         limit = int(options.chunk_s * sr)
         use_vad = options.vad and sr == 16000  # Silero runs at 16 kHz; other rates keep the level gate
         pack = Window(sr)
@@ -210,7 +196,7 @@ class SpeechPipeline(Pipeline):
             if not audio.is_silent(x):  # digital silence or near it: nothing to hear, even without VAD
                 spans = audio.speech_spans(x, sr) if use_vad else [(0, len(x))]
                 if use_vad:
-                    totals["speech"] += sum(b - a for a, b in spans) / sr
+                    tally.speech_s += sum(b - a for a, b in spans) / sr
                 for a, b in spans:
                     if pack.length and pack.length + (b - a) > limit:
                         yield pack

@@ -1,0 +1,88 @@
+"""The speech engine: the one interface that transcribe drives, one window of audio at a time.
+
+An engine turns at most 30 s of 16 kHz (or its ``sample_rate``) mono float32 samples into
+:class:`Piece` objects timed relative to those samples, on one runtime. Everything above it
+(reading and resampling files in bounded memory, chunking at pauses, VAD, placing pieces on the
+file's timeline, the language checks, progress and metrics) is written once in
+pipelines/speech/transcribe.py, so adding a runtime is one module with a subclass of
+``SpeechEngine`` plus its row in ``taskrun.pipelines.RUNTIMES``:
+
+    ("transcribe", "onnxruntime"): Runtime(_P + "speech.transcribe:TranscribePipeline",
+                                           engine=_P + "speech.ort_engine:OrtWhisperEngine")
+
+A subclass sets ``runtime`` as a class attribute and its facts in ``__init__``, and implements
+``decode``; ``load`` caches the instance per (model, runtime, device, dtype).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+
+from taskrun.pipelines import cached_model
+from taskrun.tasks.base import ModelCard
+
+
+@dataclass
+class Piece:
+    """A decoded segment, times relative to the decoded samples; ``end`` None = runs to their end."""
+
+    start: float
+    end: float | None
+    text: str
+    words: list[tuple[float, float, str, float]] | None = None  # (start, end, word, probability)
+
+
+@dataclass
+class FileState:
+    """What a decoder may carry from one window of a file to the next (the detected language)."""
+
+    language: str | None
+    previous: str = ""  # the text decoded so far (its tail prompts the next window, as Whisper does)
+
+
+class SpeechEngine(ABC):
+    """A speech recognition model on one runtime, loaded with its weights.
+
+    Facts, set by the subclass: ``runtime`` (its name in the RUNTIMES table), ``card``,
+    ``device`` and ``dtype`` (what the engine actually chose, for the run log), ``sample_rate``
+    (of the samples ``decode`` takes), ``default_language`` (reported when none is detected),
+    ``takes_language`` (False for models that are given no language or task, such as CTC: the
+    language checks then do not apply), ``multilingual`` and ``languages()``.
+    """
+
+    runtime: str = ""
+    card: ModelCard
+    device: str
+    dtype: str
+    sample_rate: int = 16000
+    default_language: str = "en"
+    takes_language: bool = True
+    multilingual: bool = False
+
+    @abstractmethod
+    def __init__(self, card: ModelCard, device: str, dtype: str) -> None:
+        """Load the weights of ``card``; a model that cannot load, or a device or dtype the
+        runtime cannot use, raises TaskError."""
+
+    @classmethod
+    def load(cls, card: ModelCard, device: str, dtype: str) -> SpeechEngine:
+        """The engine for ``card``, loaded once per process: a chain or a batch reads the weights once."""
+        return cached_model(card, cls.runtime, device, dtype, "speech-engine", lambda: cls(card, device, dtype))
+
+    def languages(self) -> list[str]:
+        """Language codes the model knows (multilingual models)."""
+        return []
+
+    def check_options(self, options: Any) -> None:
+        """Raise TaskError for options this runtime cannot honour (before any audio is read).
+        The language and translate checks every engine shares are the pipeline's, not this."""
+
+    @abstractmethod
+    def decode(self, samples: np.ndarray, options: Any, state: FileState) -> Iterator[Piece]:
+        """Transcribe one window (at most 30 s of float32 mono at ``sample_rate``) into pieces
+        timed from its first sample, in order. ``state`` is the file's: set ``state.language``
+        when the model detects it (once per file), and prompt with ``state.previous``."""
