@@ -280,6 +280,7 @@ def test_nms_keeps_the_best_of_overlapping_boxes():
     assert nms(boxes[:0], scores[:0], 0.5).tolist() == []
 
 
+@pytest.mark.real  # reads facenet_pytorch's shipped weights
 def test_mtcnn_nets_match_the_shipped_state_dicts():
     from taskrun.pipelines.vision.mtcnn import MTCNN, weights_dir
 
