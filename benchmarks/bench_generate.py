@@ -115,10 +115,10 @@ def top1_agreement(ref_model, llm, text_ids) -> float:
 
 def neighbour_child(n: int) -> None:
     """One measurement in a fresh process (the wait policy is read when torch loads)."""
-    from taskrun.pipelines.llm.hf_engine import load_llm
+    from taskrun.pipelines.llm.hf_engine import TransformersLLM
     from taskrun.models.resolve import resolve
 
-    llm = load_llm(resolve("smollm2-135m"), "cpu", "auto")
+    llm = TransformersLLM.load(resolve("smollm2-135m"), "cpu", "auto")
     run_taskrun(llm, 8)  # warm-up
     r = run_taskrun(llm, n)
     print(json.dumps({"decode_tokens_per_s": r["decode_tokens_per_s"], "ttft_s": r["ttft_s"],
@@ -167,7 +167,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from taskrun.pipelines.llm.gguf_convert import ensure_converted
-    from taskrun.pipelines.llm.hf_engine import load_llm
+    from taskrun.pipelines.llm.hf_engine import TransformersLLM
     from taskrun.models.resolve import resolve
 
     n, reps = (32, 2) if args.quick else (64, 4)
@@ -178,9 +178,9 @@ def main() -> None:
     plain_tok = AutoTokenizer.from_pretrained(folder)
     plain_load = time.perf_counter() - t
     t = time.perf_counter()
-    default = load_llm(card, "cpu", "auto")  # what `run generate` uses
+    default = TransformersLLM.load(card, "cpu", "auto")  # what `run generate` uses
     default_load = time.perf_counter() - t
-    exact = load_llm(card, "cpu", "float32")  # the lean decoder, unrounded
+    exact = TransformersLLM.load(card, "cpu", "float32")  # the lean decoder, unrounded
     runs = {"plain_fp32_generate": [], "taskrun_default": [], "taskrun_float32": []}
     bws = []
     run_plain(plain, plain_tok, 4), run_taskrun(default, 4), run_taskrun(exact, 4)  # warm-up

@@ -25,3 +25,14 @@ class Pipeline:
 
     def run(self, inputs: list[Input], options: Any, clock: Clock) -> Iterator[Any]:
         raise NotImplementedError
+
+
+class EnginePipeline(Pipeline):
+    """A task's logic over an engine (a text encoder, a language model, a speech model): the
+    RUNTIMES row names the engine class, the engine loads the weights (cached per model, runtime,
+    device and dtype) and resolves its own device, and the run reports what it chose."""
+
+    def __init__(self, card: ModelCard, device: str = "auto", dtype: str = "auto", *, engine: type) -> None:
+        self.card = card
+        self.engine = engine.load(card, device, dtype)
+        self.runtime, self.device, self.dtype = self.engine.runtime, self.engine.device, self.engine.dtype

@@ -25,10 +25,10 @@ def tiny(tiny_dir):
 @pytest.fixture
 def llm(tiny):
     """The tiny model's LLM, copied so a test may change its end-of-sequence ids."""
-    from taskrun.pipelines.llm.hf_engine import load_llm
+    from taskrun.pipelines.llm.hf_engine import TransformersLLM
     from taskrun.models.resolve import resolve
 
-    return copy.copy(load_llm(resolve(tiny), "cpu", "float32"))
+    return copy.copy(TransformersLLM.load(resolve(tiny), "cpu", "float32"))
 
 
 def _run(tiny, prompt=PROMPT, **opts):
@@ -230,21 +230,21 @@ def test_real_smollm2_knows_the_capital_of_france():
 def test_lean_decoder_matches_transformers_token_for_token(tiny, monkeypatch):
     """The fast Llama forward (float32) gives exactly the tokens of the transformers module."""
     from taskrun.pipelines import clear_cache
-    from taskrun.pipelines.llm.hf_engine import load_llm
+    from taskrun.pipelines.llm.hf_engine import TransformersLLM
     from taskrun.models.resolve import resolve
 
     card = resolve(tiny)
     clear_cache()
     monkeypatch.setenv("TASKRUN_FAST", "0")
-    slow = copy.copy(load_llm(card, "cpu", "float32"))
+    slow = copy.copy(TransformersLLM.load(card, "cpu", "float32"))
     assert slow.fast is None
     clear_cache()
     monkeypatch.setenv("TASKRUN_FAST", "1")
-    fast = copy.copy(load_llm(card, "cpu", "float32"))
+    fast = copy.copy(TransformersLLM.load(card, "cpu", "float32"))
     compact = {}
     for weights in ("float16", "int8"):
         monkeypatch.setenv("TASKRUN_WEIGHTS", weights)
-        compact[weights] = copy.copy(load_llm(card, "cpu", "auto"))
+        compact[weights] = copy.copy(TransformersLLM.load(card, "cpu", "auto"))
         clear_cache()
     assert fast.fast is not None and fast.dtype == "float32"
     assert [c.dtype for c in compact.values()] == ["float16", "int8"]

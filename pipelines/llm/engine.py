@@ -44,7 +44,7 @@ class LLMEngine(ABC):
     @classmethod
     @abstractmethod
     def load(cls, card: ModelCard, device: str, dtype: str) -> LLMEngine:
-        """The engine for ``card`` on a resolved ``device``; ``dtype`` is the user's choice ("auto"
+        """The engine for ``card`` on ``device`` ("auto" included: the engine resolves it); ``dtype`` is the user's choice ("auto"
         lets the engine pick its measured best). Loaded once per (model, runtime, device, dtype)
         through ``taskrun.pipelines.cached_model``. A model this runtime cannot load is a TaskError."""
 

@@ -32,7 +32,7 @@ class GeneratePipeline(LLMPipeline):
             ids, dropped = self._prompt(inp.text, options, system, prefix)
             out = Decoded()
             if guided_fields(schema):
-                text = yield from guided_fill(self.llm, inp.text, options, system, schema, s, clock, out, i)
+                text = yield from guided_fill(self.engine, inp.text, options, system, schema, s, clock, out, i)
             else:
                 text = yield from self._answer(ids, prefix, s, clock, out, i, options.stream)
             totals.add(len(ids), out)
@@ -51,14 +51,14 @@ class GeneratePipeline(LLMPipeline):
         """Decode one answer, its pieces as Token events when streaming; returns its text."""
         if prefix and stream:
             yield ev.Token(prefix, index)
-        for piece in self.llm.stream(ids, s, clock, out):
+        for piece in self.engine.stream(ids, s, clock, out):
             if stream:
                 yield ev.Token(piece, index)
         return prefix + out.text
 
     def _prompt(self, text, options, system, prefix):
         """The prompt's token ids, refused (or cut with --truncate) when it leaves no room to answer."""
-        llm = self.llm
+        llm = self.engine
         ids = llm.prompt_ids(text, system, options.raw, prefix)
         window = llm.context
         if len(ids) < window:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from taskrun.pipelines import cached_model
-from taskrun.pipelines.device import decode_threads, resolve_dtype
+from taskrun.pipelines.device import decode_threads, resolve_device, resolve_dtype
 from taskrun.pipelines.llm.engine import LLMEngine
 from taskrun.tasks.base import ModelCard, TaskError
 
@@ -48,6 +48,7 @@ class TransformersLLM(LLMEngine):
         """
         from taskrun.pipelines.llm.llama_fast import compact_weights
 
+        device = resolve_device(device)
         compact = compact_weights() if dtype in ("auto", "", None) and device == "cpu" else None
         compact = os.environ.get("TASKRUN_WEIGHTS", compact or "") or None  # float16 | int8 | float
         torch_dtype, name = resolve_dtype("float32" if compact else dtype, device, auto="float32")
@@ -149,6 +150,3 @@ class TransformersLLM(LLMEngine):
             logits = self.model(input_ids=torch.tensor([ids + continuation], device=self.device)).logits[0]
         lp = torch.log_softmax(logits[len(ids) - 1:-1].float(), -1)
         return float(lp[torch.arange(len(continuation)), torch.tensor(continuation)].sum())
-
-
-load_llm = TransformersLLM.load  # the name the tests and benchmarks/bench_generate.py load it by

@@ -5,20 +5,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from taskrun.pipelines.base import Pipeline
+from taskrun.pipelines.base import EnginePipeline
 from taskrun.pipelines.llm.engine import LLMEngine
 from taskrun.tasks import events as ev
-from taskrun.tasks.base import Input, ModelCard, TaskError
+from taskrun.tasks.base import Input, TaskError
 
 
-class LLMPipeline(Pipeline):
+class LLMPipeline(EnginePipeline):
     """A task on any :class:`LLMEngine`: the engine class comes from the RUNTIMES row."""
 
-    def __init__(self, card: ModelCard, device: str = "auto", dtype: str = "auto", *,
-                 engine: type[LLMEngine]) -> None:
-        super().__init__(card, device, dtype)
-        self.llm = engine.load(card, self.device, dtype)
-        self.runtime, self.device, self.dtype = self.llm.runtime, self.llm.device, self.llm.dtype
+    engine: LLMEngine
 
 
 def per_input(inputs: list[Input], one: Callable[[int, Input], Iterator[Any]]) -> Iterator[Any]:

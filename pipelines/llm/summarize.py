@@ -53,7 +53,7 @@ class SummarizePipeline(LLMPipeline):
     def _budget(self, options) -> int:
         """Text tokens one pass can read: the window less the answer and the instruction. Too few
         is a problem of the options, for every input alike."""
-        llm = self.llm
+        llm = self.engine
         window = min(llm.context, options.context or llm.context)
         answer = options.answer_tokens
         how = LENGTHS[options.length][1]
@@ -66,7 +66,7 @@ class SummarizePipeline(LLMPipeline):
 
     def _one(self, index, text, options, s, budget, clock, stages):
         """Summarise one text; yields the final pass's tokens, returns (Summary, its Decoded)."""
-        llm = self.llm
+        llm = self.engine
         source_tokens = llm.count(text)
         text, chunks, rounds = yield from self._map(text, budget, s, clock, stages)
         template = COMBINE if chunks > 1 else INSTRUCTION
@@ -83,7 +83,7 @@ class SummarizePipeline(LLMPipeline):
     def _map(self, text, budget, s, clock, stages):
         """Summarise the text's parts, then those summaries, until it fits ``budget``; yields
         progress, returns (text, chunks in the first round, rounds)."""
-        llm = self.llm
+        llm = self.engine
         chunks = 1
         round_ = 0
         while llm.count(text) > budget:

@@ -14,11 +14,11 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from taskrun.pipelines.base import Pipeline
+from taskrun.pipelines.base import EnginePipeline
 from taskrun.pipelines.speech import audio
 from taskrun.pipelines.speech.engine import FileState, Piece, SpeechEngine
 from taskrun.tasks import events as ev
-from taskrun.tasks.base import Input, ModelCard, TaskError
+from taskrun.tasks.base import Input, TaskError
 from taskrun.tasks.clock import Clock, timed
 from taskrun.tasks.transcribe import Metrics, Segment, Transcript, Word
 
@@ -80,18 +80,12 @@ def _item_error(i: int, inp: Input, exc: TaskError) -> ev.ItemError:
     return ev.ItemError(i, inp.source, msg)
 
 
-class TranscribePipeline(Pipeline):
-    """transcribe on any :class:`SpeechEngine`: the engine class comes from the RUNTIMES row."""
+class TranscribePipeline(EnginePipeline):
+    """transcribe on any :class:`SpeechEngine`: the engine class comes from the RUNTIMES row (the
+    engine resolves its own device: CTranslate2's devices are not torch's)."""
 
     task = "transcribe"
-
-    def __init__(self, card: ModelCard, device: str = "auto", dtype: str = "auto", *,
-                 engine: type[SpeechEngine]) -> None:
-        # Not Pipeline.__init__: the engine resolves device and dtype itself (CTranslate2's
-        # devices are not torch's), and reports what it chose.
-        self.card = card
-        self.engine = engine.load(card, device, dtype)
-        self.runtime, self.device, self.dtype = self.engine.runtime, self.engine.device, self.engine.dtype
+    engine: SpeechEngine
 
     def check_options(self, options: Any) -> None:
         """Refuse options this model cannot honour, before any audio is read: the runtime's own

@@ -13,7 +13,7 @@ class EmbedPipeline(EncoderPipeline):
 
     def run(self, inputs, options, clock):
         texts = [inp.text for inp in inputs]
-        enc = Encoding(self.encoder, texts, options.batch_size, options.normalize)
+        enc = Encoding(self.engine, texts, options.batch_size, options.normalize)
         for done in timed(enc.steps(), lambda s: clock.add("encode", s)):
             if len(texts) > options.batch_size:
                 yield ev.Progress(done, len(texts), "texts")

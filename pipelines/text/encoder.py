@@ -11,7 +11,7 @@ from typing import Iterator
 
 import numpy as np
 
-from taskrun.pipelines.base import Pipeline
+from taskrun.pipelines.base import EnginePipeline
 from taskrun.pipelines.text.engine import TextEncoderEngine
 
 
@@ -51,15 +51,10 @@ class Encoding:
         return ids
 
 
-class EncoderPipeline(Pipeline):
-    """A pipeline driven by a text-encoder engine: the RUNTIMES row names the engine class, and the
-    runtime, device and dtype reported are the ones the engine chose."""
+class EncoderPipeline(EnginePipeline):
+    """A pipeline driven by a text-encoder engine, named by its RUNTIMES row."""
 
-    def __init__(self, card, device: str = "auto", dtype: str = "auto", *,
-                 engine: type[TextEncoderEngine]) -> None:
-        super().__init__(card, device, dtype)
-        self.encoder = engine.load(card, device, dtype)
-        self.runtime, self.device, self.dtype = self.encoder.runtime, self.encoder.device, self.encoder.dtype
+    engine: TextEncoderEngine
 
 
 def encode(engine: TextEncoderEngine, texts: list[str], batch_size: int = 64,

@@ -51,7 +51,7 @@ class SearchPipeline(EncoderPipeline):
 
     def rank(self, inputs, passages: list[Passage], vecs: np.ndarray, options) -> list[Result]:
         """The ``top_k`` passages for each query, best first, by cosine similarity."""
-        scores = encode(self.encoder, [inp.text for inp in inputs], options.batch_size).vectors @ vecs.T
+        scores = encode(self.engine, [inp.text for inp in inputs], options.batch_size).vectors @ vecs.T
         results = []
         for i, inp in enumerate(inputs):
             top = np.argsort(-scores[i])[: options.top_k]
@@ -81,7 +81,7 @@ class SearchPipeline(EncoderPipeline):
                     return passages, vecs, True
             except (OSError, ValueError, KeyError):
                 pass  # a damaged cache file is rebuilt below
-        vecs = encode(self.encoder, [p.text for p in passages], options.batch_size).vectors
+        vecs = encode(self.engine, [p.text for p in passages], options.batch_size).vectors
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{key}.{os.getpid()}.tmp.npz")
         np.savez(tmp, vectors=vecs, meta=np.array(json.dumps({"corpus": str(corpus)})))
