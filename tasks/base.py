@@ -23,15 +23,18 @@ class TaskError(Exception):
 
 
 def option(default: Any, *flags: str, help: str, choices: Sequence[str] | None = None,
-           multiple: bool = False, metavar: str | None = None, cli: bool = True) -> Any:
+           multiple: bool = False, metavar: str | None = None, cli: bool = True,
+           path: bool = False) -> Any:
     """A field of an ``Options`` dataclass that the CLI turns into a click option.
 
     ``flags`` are the CLI spellings (default: ``--field-name``); ``help`` is its --help text.
     ``multiple`` fields hold a tuple and may be given several times on the command line.
     ``cli=False`` keeps a field out of the CLI (set by chains or by another task).
+    ``path=True`` marks a value that names a file or folder on this machine: programmatic front
+    doors (the server) never take one from a client.
     """
     meta = {"flags": flags, "help": help, "choices": tuple(choices) if choices else None,
-            "multiple": multiple, "metavar": metavar, "cli": cli}
+            "multiple": multiple, "metavar": metavar, "cli": cli, "path": path}
     return field(default=default, metadata=meta)
 
 

@@ -17,7 +17,7 @@ class Options:
     threshold: float = option(0.5, "-t", "--threshold",
                               help="Keep boxes whose score is at least this (0-1). MTCNN's own last "
                                    "stage already needs 0.7, so lower values change nothing there.")
-    annotate: str | None = option(None, "--annotate", metavar="OUT.png",
+    annotate: str | None = option(None, "--annotate", path=True, metavar="OUT.png",
                                   help="Draw the boxes and labels onto a copy of the image and save it "
                                        "here (several images: one file each, named after the input).")
     landmarks: bool = option(False, "--landmarks",

@@ -60,7 +60,7 @@ class Options:
     stream: bool = option(True, "--stream", help="Print text as it is generated (--no-stream: at the end).")
     truncate: bool = option(False, "--truncate",
                             help="Cut a prompt that does not fit the context window instead of refusing it.")
-    json_schema: str = option("", "--json-schema", metavar="FILE",
+    json_schema: str = option("", "--json-schema", path=True, metavar="FILE",
                               help="Answer in JSON for this schema: flat objects (string, number, boolean, "
                                    "enum fields) are filled by construction, others asked for; "
                                    "always validated.")

@@ -45,7 +45,7 @@ class Options:
     n: int = option(1, "-n", help="How many images to make (seeds seed, seed+1, …).")
     label: str | None = option(None, "--label", help="Class to draw, for class-conditional models "
                                                       "(digits-ddpm: 0-9).")
-    out_dir: str = option(".", "--out-dir", metavar="DIR",
+    out_dir: str = option(".", "--out-dir", path=True, metavar="DIR",
                           help="Folder for the images when -o is not given.")
 
     def __post_init__(self):

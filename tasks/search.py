@@ -10,7 +10,7 @@ from taskrun.tasks.base import Task, metric, option, require
 
 @dataclass(frozen=True)
 class Options:
-    corpus: str = option("", "--corpus", help="A text/markdown file or a folder of them to search.",
+    corpus: str = option("", "--corpus", path=True, help="A text/markdown file or a folder of them to search.",
                          metavar="FILE|DIR")
     top_k: int = option(5, "-k", "--top-k", help="How many passages to return per query.")
     passage_chars: int = option(500, "--passage-chars",
