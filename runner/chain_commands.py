@@ -34,8 +34,10 @@ def common(f):
 class ChainView(StageView):
     """A "── stage i/n ──" header before each step; each step's (or only the last's) results."""
 
-    def __init__(self, n_steps: int, json_mode: bool, quiet: bool, only_last: bool) -> None:
+    def __init__(self, n_steps: int, json_mode: bool, quiet: bool, only_last: bool,
+                 progress: bool | None = None) -> None:
         self.n, self.json_mode, self.quiet, self.only_last = n_steps, json_mode, quiet, only_last
+        self.progress = not quiet if progress is None else progress  # bars, even with quiet stages
 
     def begin(self, i, step) -> None:
         if not self.json_mode and not self.quiet:
@@ -44,16 +46,17 @@ class ChainView(StageView):
 
     def printer(self, i, task) -> EventPrinter:
         show_items = not self.only_last or i == self.n - 1
-        return EventPrinter(task, None, json_mode=self.json_mode, quiet=self.quiet, show_items=show_items)
+        return EventPrinter(task, None, json_mode=self.json_mode, quiet=not self.progress, show_items=show_items)
 
 
 def _run(name_or_file, args, out_dir, device, dtype, json_mode, offline, log_db, quiet,
-         only_last=False) -> ChainRun:
+         only_last=False, progress=None) -> ChainRun:
     chain = load_chain(name_or_file)
     check_chain(chain)  # the wiring, before inputs are even looked at
     out = Path(out_dir) if out_dir else default_out_dir(chain)
+    view = ChainView(len(chain.steps), json_mode, quiet, only_last, progress)
     return run_chain(chain, tuple(args), out, device=device, dtype=dtype, offline=offline,
-                     log=RunLog(log_db), view=ChainView(len(chain.steps), json_mode, quiet, only_last))
+                     log=RunLog(log_db), view=view)
 
 
 def _report(run: ChainRun, headline: str) -> None:
@@ -92,9 +95,10 @@ def chain_cmd(name_or_file, inputs, out_dir, device, dtype, json_mode, offline, 
 @common
 def ask_cmd(question, docs, out_dir, device, dtype, json_mode, offline, log_db, quiet):
     """Answer QUESTION from the documents in --docs, citing passages [1], [2]… (the ask-docs chain)."""
-    # Quiet stages, only the answer streamed: the sources and the numbers come after it.
+    # Quiet stages, only the answer streamed: the sources and the numbers come after it. The
+    # search index's progress bar still shows (on a terminal) while a changed corpus is embedded.
     run = _run("ask-docs", (question, docs), out_dir, device, dtype, json_mode, offline, log_db, True,
-               only_last=True)
+               only_last=True, progress=not quiet)
     if json_mode:
         print_json(run.to_json())
         return

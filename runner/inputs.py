@@ -60,12 +60,16 @@ def _path_inputs(task: Task, p: Path) -> list[Input]:
     return [inp]
 
 
-def options_from(task: Task, values: dict[str, Any]) -> Any:
-    """Options from CLI values; fields the user did not set keep their dataclass defaults."""
+def options_from(task: Task, values: dict[str, Any], fmt: str | None = None) -> Any:
+    """Options from CLI values; fields the user did not set keep their dataclass defaults. With the
+    output format ``fmt``, a task's ``options_for_format`` hook adds what that format needs (srt and
+    vtt ask transcribe for word timestamps, to cut cues between words)."""
     defaults = {f.name: f.default for f in dataclasses.fields(task.Options)}
     given = {}
     for k, v in values.items():
         if isinstance(v, tuple) and not isinstance(defaults.get(k), tuple):
             v = v or defaults.get(k)
         given[k] = v
-    return make_options(task.Options, given)
+    options = make_options(task.Options, given)
+    adapt = getattr(task, "options_for_format", None)
+    return adapt(options, fmt) if adapt is not None and fmt else options

@@ -7,6 +7,7 @@ resolution plus reading weights (close to 0 when the model is cached in-process)
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import resource
 import sys
@@ -45,6 +46,7 @@ class JobRecord:
     n_inputs: int = 0
     chain_id: str | None = None
     stage: int | None = None
+    notes: list[str] = field(default_factory=list)  # the job's Notices: a model switched, a cache rebuilt
 
     @property
     def results(self) -> list[Any]:
@@ -68,7 +70,7 @@ class JobRecord:
             "items": [{"index": it.index, "input": it.source, "result": to_jsonable(it.result)}
                       for it in sorted(self.items, key=lambda i: i.index)],
             "errors": [{"index": e.index, "input": e.source, "error": e.message} for e in self.errors],
-            "metrics": self.metrics_dict(),
+            "metrics": self.metrics_dict(), "notes": list(self.notes),
             **({"chain_id": self.chain_id, "stage": self.stage} if self.chain_id else {}),
         }
 
@@ -92,7 +94,10 @@ def input_digest(inputs: list[Input]) -> str:
     return "sha256:" + h.hexdigest()
 
 
+@functools.lru_cache(maxsize=1)
 def versions() -> dict:
+    """Package versions for the run log; read once per process (importlib.metadata scans every
+    installed distribution: ~50 ms a job on a busy machine, most of a warm server request)."""
     from importlib.metadata import PackageNotFoundError, version
 
     out = {}
@@ -171,6 +176,8 @@ def _run(task: Task, inputs: list[Input], rec: JobRecord, clock: Clock, emit, *,
     t_load = time.perf_counter()
     first_kind = good[0][1].kind if good else None
     card = resolve(model or default_model(task.name, first_kind), offline=offline)
+    card = _second_look(task, card, [inp for _, inp in good], rec, emit, chosen=model is not None,
+                        runtime=runtime, device=device, dtype=dtype, offline=offline)
     rec.card = card
     task.check([inp for _, inp in good], rec.options, card)
     rec.runtime = runtime or card.runtime
@@ -187,6 +194,8 @@ def _run(task: Task, inputs: list[Input], rec: JobRecord, clock: Clock, emit, *,
             if isinstance(event, ev.ItemError):
                 _item_failed(rec, event, emit)
                 continue
+            if isinstance(event, ev.Notice):
+                rec.notes.append(event.message)
             if isinstance(event, ev.Item):
                 rec.items.append(event)
             elif isinstance(event, ev.Done):
@@ -194,6 +203,23 @@ def _run(task: Task, inputs: list[Input], rec: JobRecord, clock: Clock, emit, *,
             emit(event)
     if rec.metrics is None:
         raise RuntimeError(f"the {rec.runtime} pipeline for {task.name} ended without its metrics")
+
+
+def _second_look(task: Task, card: ModelCard, inputs: list[Input], rec: JobRecord, emit, **kw) -> ModelCard:
+    """The card to load: a pipeline with an ``advise_model`` hook may look at the inputs first and
+    advise another model (transcribe: a multilingual one for speech that is not English, when the
+    user named none) or warn. The job runs and logs the advised model; the advice is a Notice."""
+    from taskrun.pipelines import RUNTIMES, load_symbol
+
+    row = RUNTIMES.get((task.name, kw["runtime"] or card.runtime))
+    advise = getattr(load_symbol(row.pipeline), "advise_model", None) if row else None
+    if advise is None:
+        return card
+    card, notes = advise(card, inputs, rec.options, **kw)
+    for note in notes:
+        rec.notes.append(note)
+        emit(ev.Notice(note))
+    return card
 
 
 def _item_failed(rec: JobRecord, err: ev.ItemError, emit) -> None:
@@ -238,6 +264,7 @@ def log_row(rec: JobRecord) -> dict:
         "options": to_jsonable(rec.options), "input_digest": rec.input_digest, "inputs": rec.n_inputs,
         "summary": summarize_items(rec), "metrics": rec.metrics_dict(), "versions": versions(),
         "status": rec.status, "error": rec.error, "chain_id": rec.chain_id, "stage": rec.stage,
+        "notes": rec.notes or None,
     }
 
 

@@ -81,6 +81,9 @@ class EventPrinter:
                 else:
                     self._clear_bar_line()
                     click.echo(self.task.render(event.result, self.options))
+        elif isinstance(event, ev.Notice):  # shown even with -q: it changes what the results mean
+            self._clear_bar_line()
+            click.secho(f"note: {event.message}", err=True, fg="yellow")
         elif isinstance(event, ev.ItemError):
             self.err_count += 1
             self._clear_bar_line()
@@ -122,7 +125,11 @@ def print_json(obj: Any) -> None:
 
 
 def pick_format(task: Task, fmt: str | None, output: str | None) -> str | None:
-    """The output format: as given, or from the -o file's suffix when it names one of the task's."""
+    """The output format: as given, or from the -o file's suffix when it names one of the task's.
+    A task with a ``check_output`` hook refuses an -o file it cannot write here, before any load."""
+    check = getattr(task, "check_output", None)
+    if output and check is not None:
+        check(output, fmt)
     if fmt is None and output:
         suffix = Path(output).suffix.lstrip(".").lower()
         if suffix in task.formats:

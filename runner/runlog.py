@@ -46,12 +46,16 @@ MIGRATIONS: list[str] = [
     ALTER TABLE runs ADD COLUMN stage INTEGER;
     CREATE INDEX runs_chain ON runs(chain_id);
     """,
+    # 3: what the job told the user besides its results (a model switched for the language, ...)
+    """
+    ALTER TABLE runs ADD COLUMN notes TEXT;
+    """,
 ]
 
 COLUMNS = ("id", "started_at", "task", "model", "model_path", "model_digest", "model_source", "runtime",
            "device", "dtype", "options", "input_digest", "inputs", "summary", "metrics", "versions",
-           "status", "error", "chain_id", "stage")
-_JSON_COLUMNS = {"options", "metrics", "versions"}
+           "status", "error", "chain_id", "stage", "notes")
+_JSON_COLUMNS = {"options", "metrics", "versions", "notes"}
 
 
 def default_path() -> Path:
@@ -66,7 +70,10 @@ def default_path() -> Path:
 class RunLog:
     def __init__(self, path: str | Path | None = None) -> None:
         self.path = Path(path) if path else default_path()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # Private (0600): the log holds options (prompts, system texts) and result summaries.
+        # SQLite gives its -wal and -shm files the database file's mode.
+        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
         with closing(self._connect()) as db:
             self._migrate(db)
 

@@ -119,21 +119,38 @@ def to_jsonable(obj: Any) -> Any:
     return obj
 
 
-def atomic_write(path: str | Path, data: str | bytes) -> None:
-    """Write a file completely or not at all: a failure never leaves half a file behind."""
+def atomic_write(path: str | Path, data: str | bytes, *, private: bool = False) -> None:
+    """Write a file completely or not at all: a failure never leaves half a file behind.
+
+    The file gets the permissions any other tool's output would: 0666 less the user's umask
+    (0644 under the usual 022), or the mode of the file it replaces. ``private`` makes it 0600
+    (for caches that hold the user's data). The temporary file is created with that mode by the
+    kernel (``os.open`` applies the umask), not with ``mkstemp``'s 0600: the mode survives the
+    rename, and reading the umask would need ``os.umask``, which changes it for every thread.
+    """
     import os
-    import tempfile
+    import secrets
+    import stat
 
     path = Path(path)
     if not path.parent.exists():
         raise TaskError(f"cannot write {path}: folder {path.parent} does not exist; create it first")
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    while True:
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+        try:
+            fd = os.open(tmp, flags, 0o600 if private else 0o666)
+            break
+        except FileExistsError:  # another writer's temporary file: pick another name
+            continue
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode() if isinstance(data, str) else data)
+            if not private and path.is_file():  # replacing a file keeps its mode, as `>` would
+                os.chmod(tmp, stat.S_IMODE(path.stat().st_mode))
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 

@@ -46,6 +46,15 @@ class Progress:
 
 
 @dataclass(frozen=True)
+class Notice:
+    """Something the user should know that is not an error: the runner prints it on stderr as one
+    line and keeps it with the job (its JSON and run-log row). A model switched for the speech's
+    language, a damaged cache rebuilt."""
+
+    message: str
+
+
+@dataclass(frozen=True)
 class Item:
     """One input's finished result."""
 

@@ -18,11 +18,23 @@ _MAGIC: list[tuple[bytes, int, str]] = [
     (b"fLaC", 0, "audio"),
     (b"OggS", 0, "audio"),
     (b"ID3", 0, "audio"),
-    (b"\xff\xfb", 0, "audio"),
-    (b"\xff\xf3", 0, "audio"),
+    (b"\xff\xfb", 0, "audio"),  # MPEG-1 layer III (mp3) without an ID3 tag
+    (b"\xff\xfa", 0, "audio"),
+    (b"\xff\xf3", 0, "audio"),  # MPEG-2 layer III
+    (b"\xff\xf2", 0, "audio"),
+    (b"\xff\xf1", 0, "audio"),  # AAC in ADTS frames (.aac), MPEG-4 and MPEG-2
+    (b"\xff\xf9", 0, "audio"),
     (b"FORM", 0, "audio"),  # AIFF
     (b".snd", 0, "audio"),
+    (b"\x1a\x45\xdf\xa3", 0, "audio"),  # EBML: WebM and Matroska (browser recordings, mkv video)
+    (b"#!AMR", 0, "audio"),  # phone voice notes
+    (b"0&\xb2u\x8ef\xcf\x11", 0, "audio"),  # ASF: wma, wmv
+    (b"caff", 0, "audio"),  # Apple Core Audio
 ]
+
+# ISO base media ("....ftyp<brand>"): mp4, m4a, mov, 3gp are media with (usually) a sound track and
+# count as audio: transcribe reads their audio stream. These brands are still images, not media.
+_IMAGE_BRANDS = {b"heic", b"heix", b"hevc", b"heim", b"heis", b"mif1", b"msf1", b"avif", b"avis"}
 
 SNIFF_BYTES = 8192
 
@@ -33,6 +45,10 @@ def sniff_bytes(head: bytes) -> str:
         return "audio"
     if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
         return "image"
+    if head[:4] == b"RIFF" and head[8:12] == b"AVI ":  # a video: its sound track is audio
+        return "audio"
+    if head[4:8] == b"ftyp":
+        return "binary" if head[8:12] in _IMAGE_BRANDS else "audio"
     for magic, offset, kind in _MAGIC:
         if head[offset:offset + len(magic)] == magic:
             return kind

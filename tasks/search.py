@@ -48,9 +48,14 @@ class Result:
 class Metrics:
     items: int = metric("queries", 0)
     passages: int = metric("passages in the corpus", 0)
-    embedded_passages: int = metric("passages embedded in this run (0 when the corpus cache was used)", 0)
-    corpus_cached: bool = metric("corpus vectors came from the on-disk cache", False)
-    index_s: float = metric("reading + splitting + embedding the corpus, or loading its cache")
+    embedded_passages: int = metric("passages embedded in this run: those of new and changed files", 0)
+    reused_passages: int = metric("passages whose vectors came from the search index (unchanged files)", 0)
+    corpus_cached: bool = metric("nothing was embedded: every file was unchanged in the search index", False)
+    files: int = metric("files in the corpus", 0)
+    files_embedded: int = metric("files new or changed since the index last saw them", 0)
+    files_dropped: int = metric("files gone from the corpus since, dropped from the index", 0)
+    index_s: float = metric("reading + hashing the corpus files, splitting and embedding the new and "
+                            "changed ones, and updating the index")
     query_s: float = metric("embedding the queries and ranking the passages")
     items_per_s: float = metric("queries ÷ query_s")
 

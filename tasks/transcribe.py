@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from taskrun.tasks.base import Task, TaskError, metric, option, require, to_jsonable
+from taskrun.tasks.subtitles import cues_of
 
 WHISPER_WINDOW_S = 30.0  # Whisper hears 30 s at a time; a longer chunk would be cut off
 
@@ -31,7 +33,17 @@ class Options:
                                         "5 on ctranslate2 (faster-whisper's), 1 on transformers (its "
                                         "pipeline's; beam search there is several times slower on CPU).")
     word_timestamps: bool = option(False, "--word-timestamps",
-                                   help="Also give each word's start and end (ctranslate2 runtime).")
+                                   help="Also give each word's start and end; srt/vtt cues are then "
+                                        "cut at the words' own times (estimated from the segment's "
+                                        "without it).")
+    max_line_width: int = option(42, "--max-line-width",
+                                 help="srt/vtt: longest subtitle line, in characters (42: the broadcast "
+                                      "convention); 0 keeps one cue per decoded segment, unwrapped.")
+    max_line_count: int = option(2, "--max-line-count", help="srt/vtt: lines per cue.")
+    max_cue_s: float = option(6.0, "--max-cue-s", help="srt/vtt: longest time one cue stays on screen, seconds.")
+    highlight_words: bool = option(False, "--highlight-words",
+                                   help="srt/vtt karaoke style: each cue is repeated per word with the "
+                                        "word being spoken underlined (turns on --word-timestamps).")
 
     def __post_init__(self):
         if self.language is not None:
@@ -44,6 +56,13 @@ class Options:
                 f"hears at once (got {self.chunk_s:g}); long files are chunked automatically")
         require(self.beam_size is None or 1 <= self.beam_size <= 16,
                 f"--beam-size must be 1 to 16 (got {self.beam_size})")
+        require(self.max_line_width == 0 or self.max_line_width >= 10,
+                f"--max-line-width must be at least 10 characters, or 0 for unwrapped cues "
+                f"(got {self.max_line_width})")
+        require(self.max_line_count >= 1, f"--max-line-count must be at least 1 (got {self.max_line_count})")
+        require(self.max_cue_s >= 1.0, f"--max-cue-s must be at least 1 second (got {self.max_cue_s:g})")
+        if self.highlight_words:  # underlining a word needs its time
+            object.__setattr__(self, "word_timestamps", True)
 
 
 @dataclass(frozen=True)
@@ -51,7 +70,7 @@ class Word:
     start: float  # seconds from the start of the file
     end: float
     word: str
-    probability: float
+    probability: float | None  # the model's confidence in the word; None where the runtime gives none
 
 
 @dataclass(frozen=True)
@@ -109,20 +128,22 @@ def _timeline(items: list[Transcript]) -> list[Segment]:
     return out
 
 
-def _cue_text(text: str) -> str:
-    """A cue's text: "-->" would read as a timing line, and a blank line would end the cue."""
-    return " ".join(text.replace("-->", "->").split())
+def _cues(items: list[Transcript], options: Options | None) -> list[tuple[float, float, str]]:
+    """(start, end, text) per cue: shaped to the line and time limits (tasks/subtitles.py), or one
+    per decoded segment with --max-line-width 0."""
+    o = options or Options()
+    if o.max_line_width == 0:
+        return [(s.start, s.end, " ".join(s.text.replace("-->", "->").split())) for s in _timeline(items)]
+    return cues_of(items, o.max_line_width, o.max_line_count, o.max_cue_s, o.highlight_words)
 
 
-def to_srt(items: list[Transcript]) -> str:
-    blocks = [f"{i}\n{clock(s.start)} --> {clock(s.end)}\n{_cue_text(s.text)}\n"
-              for i, s in enumerate(_timeline(items), 1)]
+def to_srt(items: list[Transcript], options: Options | None = None) -> str:
+    blocks = [f"{i}\n{clock(a)} --> {clock(b)}\n{text}\n" for i, (a, b, text) in enumerate(_cues(items, options), 1)]
     return "\n".join(blocks)
 
 
-def to_vtt(items: list[Transcript]) -> str:
-    blocks = [f"{clock(s.start, '.')} --> {clock(s.end, '.')}\n{_cue_text(s.text)}\n"
-              for s in _timeline(items)]
+def to_vtt(items: list[Transcript], options: Options | None = None) -> str:
+    blocks = [f"{clock(a, '.')} --> {clock(b, '.')}\n{text}\n" for a, b, text in _cues(items, options)]
     return "WEBVTT\n\n" + "\n".join(blocks)
 
 
@@ -132,23 +153,13 @@ def to_txt(items: list[Transcript]) -> str:
     return "\n".join(f"# {tr.source}\n{tr.text}\n" for tr in items)
 
 
-# Containers that sniff as "binary" but are audio that libsndfile does not decode.
-_OTHER_AUDIO = [(b"ftyp", 4, "MP4/M4A (AAC)"), (b"\x1aE\xdf\xa3", 0, "WebM/Matroska"),
-                (b"#!AMR", 0, "AMR"), (b"0&\xb2u", 0, "WMA/ASF")]
-
-
 class TranscribeTask(Task):
-    def check_input(self, inp) -> None:
-        if inp.kind == "binary" and inp.path:
-            with open(inp.path, "rb") as f:
-                head = f.read(16)
-            for magic, at, name in _OTHER_AUDIO:
-                if head[at:at + len(magic)] == magic:
-                    stem = Path(inp.path).stem
-                    raise TaskError(f"{inp.path} is {name} audio, which taskrun cannot decode; convert it: "
-                                    f"`ffmpeg -i {Path(inp.path).name} -ar 16000 -ac 1 {stem}.wav` "
-                                    f"(wav, flac, ogg and mp3 are read)")
-        super().check_input(inp)
+    def options_for_format(self, options: Options, fmt: str | None) -> Options:
+        """The options a job needs to be written in ``fmt``: subtitles are cut at word boundaries,
+        so srt/vtt ask the runtime for word timestamps (the runner calls this before the run)."""
+        if fmt in ("srt", "vtt") and options.max_line_width and not options.word_timestamps:
+            return dataclasses.replace(options, word_timestamps=True)
+        return options
 
     def render_partial(self, seg: Segment, options) -> str:
         return f"[{clock(seg.start, '.', False)} → {clock(seg.end, '.', False)}] {seg.text}"
@@ -163,9 +174,9 @@ class TranscribeTask(Task):
 
     def write(self, items: list[Transcript], fmt: str, path: Path | None, options) -> str:
         if fmt == "srt":
-            return to_srt(items)
+            return to_srt(items, options)
         if fmt == "vtt":
-            return to_vtt(items)
+            return to_vtt(items, options)
         if fmt == "txt":
             return to_txt(items)
         if fmt == "json":
@@ -179,8 +190,10 @@ class TranscribeTask(Task):
 TASK = TranscribeTask(
     name="transcribe",
     summary="Turn speech recordings into text with timestamps (long files are chunked).",
-    takes="audio files (wav, flac, ogg, mp3; any sample rate and channel count) or folders of them",
-    returns="a transcript per file with timed segments; --format txt|json|srt|vtt, -o FILE",
+    takes="audio files (wav, flac, ogg, mp3, m4a/mp4/aac, opus, webm; video files' sound track; any "
+          "sample rate and channel count) or folders of them",
+    returns="a transcript per file with timed segments; --format txt|json|srt|vtt (subtitles shaped to "
+            "--max-line-width, --max-line-count, --max-cue-s), -o FILE",
     Options=Options, Result=Result, Metrics=Metrics,
     input_kinds=("audio",),
     model_kinds="a speech-recognition model such as whisper-tiny.en",

@@ -105,3 +105,16 @@ class CT2WhisperEngine(SpeechEngine):
         for s in segments:
             words = [(w.start, w.end, w.word.strip(), w.probability) for w in s.words] if s.words else None
             yield Piece(s.start, s.end, s.text, words)
+
+    def detect_language(self, samples) -> tuple[str, float]:
+        """(language code, probability) of ``samples`` (16 kHz mono), from Whisper's language
+        token after one encoder pass. The encoder hears just these frames, not a window padded to
+        30 s: a few seconds of speech cost a quarter of the padded pass and named the language as
+        surely on the samples tried (pipelines/speech/language.py)."""
+        if not self.multilingual:
+            raise TaskError(f"`{self.card.name}` is English-only and has no language detector")
+        frames = max(1, len(samples) // self.model.feature_extractor.hop_length)
+        features = self.model.feature_extractor(samples)[:, :frames]
+        (ranked,) = self.model.model.detect_language(self.model.encode(features))
+        token, prob = ranked[0]
+        return token.strip("<|>"), float(prob)

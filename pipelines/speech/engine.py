@@ -33,7 +33,7 @@ class Piece:
     start: float
     end: float | None
     text: str
-    words: list[tuple[float, float, str, float]] | None = None  # (start, end, word, probability)
+    words: list[tuple[float, float, str, float | None]] | None = None  # (start, end, word, probability)
 
 
 @dataclass

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 from taskrun.pipelines.device import auto_dtype, resolve_device, resolve_dtype
 from taskrun.pipelines.speech.engine import FileState, Piece, SpeechEngine
 from taskrun.tasks.base import TaskError
@@ -35,24 +37,57 @@ def model_folder(card) -> Path:
     return Path(card.path)
 
 
-def whisper_segments(ids: list[int], ts_begin: int, eot: int, decode) -> list[Piece]:
+def whisper_segments(ids: list[int], ts_begin: int, eot: int, decode, times: list[float] | None = None
+                     ) -> list[Piece]:
     """Whisper output tokens → pieces. Timestamps come in pairs around each segment's text
     (<|0.00|> text <|2.40|><|2.40|> text ...); a last segment without a closing timestamp
-    runs to the end of the audio (end None)."""
+    runs to the end of the audio (end None). With ``times`` (each token's time, from
+    ``return_token_timestamps``) each piece also gets its words."""
     pieces, text, start, last = [], [], None, 0.0
-    for t in ids:
+    for k, t in enumerate(ids):
         if t >= ts_begin:
             time = (t - ts_begin) * TIME_PRECISION
             if text:
-                pieces.append(Piece(last if start is None else start, time, decode(text)))
+                begin = last if start is None else start
+                pieces.append(Piece(begin, time, decode([ids[i] for i in text]),
+                                    token_words(text, ids, times, decode, begin, time) if times else None))
                 text, start, last = [], None, time
             else:
                 start = time
         elif t < eot:
-            text.append(t)
+            text.append(k)
     if text:
-        pieces.append(Piece(last if start is None else start, None, decode(text)))
+        begin = last if start is None else start
+        pieces.append(Piece(begin, None, decode([ids[i] for i in text]),
+                            token_words(text, ids, times, decode, begin, None) if times else None))
     return pieces
+
+
+def token_words(index: list[int], ids: list[int], times: list[float], decode, seg_start: float,
+                seg_end: float | None) -> list[tuple[float, float, str, None]]:
+    """A segment's tokens (positions ``index`` in ``ids``) grouped into words, a word starting at a
+    token that begins with a space. transformers times each token by where the cross-attention
+    alignment leaves it (measured against faster-whisper's word times: ``times[k]`` is token k's
+    end), so a word runs from the end of the token before it to the end of its last token."""
+    groups: list[list[int]] = []
+    for k in index:
+        if not groups or decode([ids[k]]).startswith(" "):
+            groups.append([k])
+        else:
+            groups[-1].append(k)
+    words, hi = [], seg_end if seg_end is not None else float("inf")
+    for g in groups:
+        text = decode([ids[k] for k in g]).strip()
+        if not text:
+            continue
+        start = min(max(times[g[0] - 1] if g[0] else seg_start, seg_start), hi)
+        words.append([start, min(max(times[g[-1]], start), hi), text, None])
+    if words:  # the first and last words soak up the pauses around them: trim them, as
+        # faster-whisper does, to twice the median word length (at most 1.4 s)
+        longest = 2 * min(0.7, float(np.median([w[1] - w[0] for w in words])) or 0.7)
+        words[0][0] = max(words[0][0], words[0][1] - longest)
+        words[-1][1] = min(words[-1][1], words[-1][0] + longest)
+    return [(round(a, 3), round(b, 3), text, p) for a, b, text, p in words]
 
 
 def ctc_segments(words: list[dict], seconds_per_frame: float) -> list[Piece]:
@@ -67,7 +102,9 @@ def ctc_segments(words: list[dict], seconds_per_frame: float) -> list[Piece]:
     if cur:
         pieces.append(cur)
     return [Piece(p[0]["start_offset"] * seconds_per_frame, p[-1]["end_offset"] * seconds_per_frame,
-                  " ".join(w["word"] for w in p)) for p in pieces]
+                  " ".join(w["word"] for w in p),
+                  [(w["start_offset"] * seconds_per_frame, w["end_offset"] * seconds_per_frame, w["word"], None)
+                   for w in p]) for p in pieces]
 
 
 class HFSpeechEngine(SpeechEngine):
@@ -106,9 +143,11 @@ class HFSpeechEngine(SpeechEngine):
         return not self.ctc and bool(getattr(self.model.generation_config, "is_multilingual", False))
 
     def check_options(self, options) -> None:
-        if options.word_timestamps:
-            raise TaskError("--word-timestamps needs the ctranslate2 runtime (faster-whisper); "
-                            "drop it, or use --runtime ctranslate2")
+        if options.word_timestamps and not self.ctc and not getattr(self.model.generation_config,
+                                                                     "alignment_heads", None):
+            raise TaskError(f"`{self.card.name}` names no alignment heads in its generation_config.json, "
+                            f"which word timestamps need on transformers; drop --word-timestamps (and "
+                            f"--highlight-words), or use --runtime ctranslate2")
         if self.ctc and options.task == "translate":
             raise TaskError(f"`{self.card.name}` is a CTC model and cannot translate; use a multilingual Whisper")
 
@@ -116,7 +155,9 @@ class HFSpeechEngine(SpeechEngine):
         return [] if self.ctc else [tok.strip("<|>") for tok in self.model.generation_config.lang_to_id]
 
     def decode(self, samples, options, state: FileState):
-        return self._ctc(samples) if self.ctc else self._whisper(samples, options, state)
+        if self.ctc:
+            return [p if options.word_timestamps else Piece(p.start, p.end, p.text) for p in self._ctc(samples)]
+        return self._whisper(samples, options, state)
 
     def _whisper(self, samples, options, state: FileState) -> list[Piece]:
         import torch
@@ -134,14 +175,17 @@ class HFSpeechEngine(SpeechEngine):
         if state.previous.strip():  # continue the file's text, as the ctranslate2 runtime does
             kwargs["prompt_ids"] = self.processor.get_prompt_ids(state.previous.strip(), return_tensors="pt") \
                 .to(self.device)
+        if options.word_timestamps:  # token times from the cross-attention alignment heads
+            kwargs.update(return_token_timestamps=True, return_dict_in_generate=True)
         torch.manual_seed(0)  # a temperature fallback samples: the same audio gives the same text
         with torch.inference_mode():
             out = self.model.generate(feats, return_timestamps=True, num_beams=options.beam_size or 1,
                                       **FALLBACK, **kwargs)
         tok = self.processor.tokenizer
         ids = out[0].tolist() if hasattr(out, "tolist") else out["sequences"][0].tolist()
+        times = out["token_timestamps"][0].tolist() if options.word_timestamps else None
         return whisper_segments(ids, gc.no_timestamps_token_id + 1, gc.eos_token_id,
-                                lambda t: tok.decode(t, skip_special_tokens=True))
+                                lambda t: tok.decode(t, skip_special_tokens=True), times)
 
     def _ctc(self, samples) -> list[Piece]:
         import torch

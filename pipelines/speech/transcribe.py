@@ -48,7 +48,7 @@ def place(pieces: list[Piece] | Iterator[Piece], offset_s: float, end_s: float, 
             for ws, we, w, prob in p.words:
                 a = min(max(at(ws), wt), stop)
                 b = min(max(at(we, True), a), stop)
-                words.append(Word(round(a, 3), round(b, 3), w, round(float(prob), 4)))
+                words.append(Word(round(a, 3), round(b, 3), w, None if prob is None else round(float(prob), 4)))
                 wt = a
             words = tuple(words)
         t = stop
@@ -86,6 +86,15 @@ class TranscribePipeline(EnginePipeline):
 
     task = "transcribe"
     engine: SpeechEngine
+
+    @staticmethod
+    def advise_model(card, inputs: list[Input], options: Any, **kw) -> tuple[Any, list[str]]:
+        """Before the model loads: an English-only default and speech that is not English (or a
+        --language that is not en) → the multilingual default, or a warning for a model the user
+        named (pipelines/speech/language.py)."""
+        from taskrun.pipelines.speech.language import advise
+
+        return advise(card, inputs, options, **kw)
 
     def check_options(self, options: Any) -> None:
         """Refuse options this model cannot honour, before any audio is read: the runtime's own

@@ -1,28 +1,30 @@
-"""search on any text-encoder engine: split a corpus into passages, embed them once, rank by cosine.
+"""search on any text-encoder engine: split a corpus into passages, embed them, rank by cosine.
 
-Corpus vectors are cached on disk keyed by the model digest and the corpus content hash (plus the
-splitting settings), so a second search over an unchanged corpus embeds only the query.
+The corpus's vectors live in an incremental index (pipelines/text/index.py), one entry per file:
+a search embeds only the files that are new or changed since the last one (and the queries),
+reuses the rest, and forgets files that are gone. `run ask` searches the same index.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from taskrun.models.resolve import cache_dir
-from taskrun.pipelines.text.encoder import EncoderPipeline, encode
+from taskrun.pipelines.text.encoder import EncoderPipeline, Encoding, encode
+from taskrun.pipelines.text.index import CorpusIndex, Entry
 from taskrun.tasks import events as ev
 from taskrun.tasks.base import TaskError
+from taskrun.tasks.clock import timed
 from taskrun.tasks.inputs import read_text_file, sniff
 from taskrun.tasks.search import Hit, Metrics, Result
 
 CORPUS_SUFFIXES = {".txt", ".md", ".markdown", ".rst", ".text", ""}
-SPLITTER_VERSION = 1  # bump when split_passages changes, so old caches are not reused
+SPLITTER_VERSION = 1  # bump when split_passages changes, so old index entries are not reused
+INDEX_FILE = "search-index.sqlite"
 
 
 @dataclass
@@ -33,19 +35,33 @@ class Passage:
     text: str
 
 
+@dataclass
+class Indexed:
+    """The corpus as the index gave it: its passages, their vectors, and what this search did."""
+
+    passages: list[Passage]
+    vectors: np.ndarray
+    files: int = 0
+    embedded: int = 0  # passages embedded in this search
+    files_embedded: int = 0
+    files_dropped: int = 0
+
+
 class SearchPipeline(EncoderPipeline):
     task = "search"
 
     def run(self, inputs, options, clock):
-        with clock.scope("index"):
-            passages, vecs, cached = self.index(Path(options.corpus), options)
+        # The index's own time: not the consumer's at each progress event.
+        ix = yield from timed(self.index(Path(options.corpus), options), lambda s: clock.add("index", s))
         with clock.scope("query"):  # ranked before anything is yielded: the consumer's time is not in it
-            results = self.rank(inputs, passages, vecs, options)
+            results = self.rank(inputs, ix.passages, ix.vectors, options)
         index_s, query_s = clock.total("index"), clock.total("query")
         for i, (inp, res) in enumerate(zip(inputs, results)):
             yield ev.Item(i, inp.source, res)
-        yield ev.Done(Metrics(items=len(inputs), passages=len(passages),
-                              embedded_passages=0 if cached else len(passages), corpus_cached=cached,
+        n = len(ix.passages)
+        yield ev.Done(Metrics(items=len(inputs), passages=n, embedded_passages=ix.embedded,
+                              reused_passages=n - ix.embedded, corpus_cached=ix.embedded == 0, files=ix.files,
+                              files_embedded=ix.files_embedded, files_dropped=ix.files_dropped,
                               index_s=index_s, query_s=query_s,
                               items_per_s=len(inputs) / query_s if query_s > 0 else 0.0))
 
@@ -60,33 +76,62 @@ class SearchPipeline(EncoderPipeline):
                     line_start=passages[j].line_start, line_end=passages[j].line_end) for j in top]))
         return results
 
-    def index(self, corpus: Path, options) -> tuple[list[Passage], np.ndarray, bool]:
+    def space(self, options) -> str:
+        """What a file's vectors depend on besides its text."""
+        return (f"{self.card.digest}|{self.runtime}|{self.dtype}|split{SPLITTER_VERSION}|"
+                f"{options.passage_chars}")
+
+    def index(self, corpus: Path, options):
+        """Bring the index up to date for ``corpus`` (yielding progress while embedding) and
+        return the corpus's passages and vectors in file order."""
         files = corpus_files(corpus)
-        passages = []
-        h = hashlib.sha256(f"{SPLITTER_VERSION}:{options.passage_chars}:{self.card.digest}:{self.dtype}".encode())
+        store = CorpusIndex(cache_dir() / INDEX_FILE)
+        if store.damaged:
+            yield ev.Notice(f"the search index {store.path} could not be read ({store.damaged}); "
+                            f"it was rebuilt, so every file is embedded again")
+        space, texts = self.space(options), {}
         for f in files:
-            text = read_text_file(f)
+            texts[str(f.resolve())] = (f, read_text_file(f))
+        held = store.entries(space, list(texts))
+        entries, todo = {}, {}
+        for key, (_, text) in texts.items():
+            digest = hashlib.sha256(text.encode()).hexdigest()
+            old = held.get(key)
+            if old is not None and old.digest == digest:
+                entries[key] = old
+            else:
+                cut = split_passages(text, "", options.passage_chars)
+                todo[key] = Entry(digest, [(p.line_start, p.line_end, p.text) for p in cut],
+                                  np.zeros((0, self.engine.dim), np.float32))
+        yield from self._embed(todo, options)
+        dropped = store.update(space, todo, set(texts), str(corpus.resolve()) if corpus.is_dir() else None)
+        entries.update(todo)
+        return self._assemble(corpus, texts, entries, todo, dropped)
+
+    def _embed(self, todo: dict[str, Entry], options):
+        """Embed the passages of new and changed files, reporting progress in passages."""
+        flat = [p[2] for e in todo.values() for p in e.passages]
+        if not flat:
+            return
+        enc = Encoding(self.engine, flat, options.batch_size)
+        for done in enc.steps():
+            yield ev.Progress(done, len(flat), "passages", "indexing")
+        at = 0
+        for e in todo.values():
+            e.vectors = enc.vectors[at:at + len(e.passages)]
+            at += len(e.passages)
+
+    def _assemble(self, corpus: Path, texts: dict, entries: dict[str, Entry], todo: dict, dropped: int) -> Indexed:
+        passages, vectors = [], []
+        for key, (f, _) in texts.items():
             rel = str(f.relative_to(corpus)) if corpus.is_dir() else f.name
-            h.update(rel.encode() + b"\0" + text.encode() + b"\0")
-            passages += split_passages(text, rel, options.passage_chars)
+            passages += [Passage(rel, a, b, t) for a, b, t in entries[key].passages]
+            vectors.append(entries[key].vectors)
         if not passages:
             raise TaskError(f"--corpus {corpus} has no text to search")
-        key = h.hexdigest()[:32]
-        path = cache_dir() / "corpus" / f"{key}.npz"
-        if path.exists():
-            try:
-                with np.load(path) as z:
-                    vecs = z["vectors"]
-                if vecs.shape[0] == len(passages):
-                    return passages, vecs, True
-            except (OSError, ValueError, KeyError):
-                pass  # a damaged cache file is rebuilt below
-        vecs = encode(self.engine, [p.text for p in passages], options.batch_size).vectors
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{key}.{os.getpid()}.tmp.npz")
-        np.savez(tmp, vectors=vecs, meta=np.array(json.dumps({"corpus": str(corpus)})))
-        os.replace(tmp, path)
-        return passages, vecs, False
+        return Indexed(passages, np.concatenate(vectors).astype(np.float32, copy=False), files=len(texts),
+                       embedded=sum(len(e.passages) for e in todo.values()), files_embedded=len(todo),
+                       files_dropped=dropped)
 
 
 def corpus_files(corpus: Path) -> list[Path]:

@@ -1,0 +1,82 @@
+"""Audio that libsndfile cannot read, decoded by PyAV (its wheels bundle FFmpeg's decoders, so no
+system ffmpeg is needed): m4a/mp4/aac as phones and Zoom record, webm/mkv and opus as browsers
+record, mp3, wma, amr, and the audio track of a video file.
+
+A leaf module (audio.py calls it; it calls nothing of taskrun's but TaskError): it streams the
+file's first audio stream as float32 mono blocks at the file's own rate, one block held at a time,
+whatever the length; audio.py resamples them as it does soundfile's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from taskrun.tasks.base import TaskError
+
+
+def probe(path: str | Path) -> tuple[int, int, int | None, str]:
+    """(sample rate, channels, frames or None when the container does not say, format name) of
+    the first audio stream. Raises ValueError when FFmpeg cannot open the file at all, and a
+    TaskError naming the file when it opens but holds no audio stream."""
+    import av
+
+    try:
+        container = av.open(str(path))
+    except (av.FFmpegError, OSError, UnicodeDecodeError) as exc:
+        raise ValueError(str(exc)) from None
+    with container:
+        if not container.streams.audio:
+            others = ", ".join(f"{s.type} ({s.codec_context.name})" for s in container.streams) or "nothing"
+            raise TaskError(f"{path} has no audio track (it holds {others}); transcribe needs a "
+                            f"recording with sound")
+        stream = container.streams.audio[0]
+        ctx = stream.codec_context
+        rate = int(ctx.sample_rate or stream.rate or 0)
+        channels = int(ctx.channels or 0)
+        seconds = None
+        if stream.duration and stream.time_base:
+            seconds = float(stream.duration * stream.time_base)
+        elif container.duration:  # microseconds (AV_TIME_BASE), the container's estimate
+            seconds = container.duration / 1_000_000
+        frames = None if seconds is None else int(round(seconds * rate))
+        name = container.format.name.split(",")[0]
+        return rate, channels, frames, f"{name} ({ctx.name})"
+
+
+def blocks(path: str | Path, block: int, rate: int) -> Iterator[np.ndarray]:
+    """The first audio stream as float32 mono blocks of ``block`` samples at ``rate`` Hz (the
+    last one shorter). Channels are averaged, as soundfile's reader does in audio.py; a stream
+    whose rate changes part-way is brought back to ``rate`` by FFmpeg's resampler."""
+    import av
+
+    with av.open(str(path)) as container:
+        stream = container.streams.audio[0]
+        stream.thread_type = "AUTO"
+        to_float = av.AudioResampler(format="fltp", rate=rate)  # planar float: (channels, samples)
+        pending: list[np.ndarray] = []
+        held = 0
+        for frame in _frames(container, stream):
+            for out in to_float.resample(frame):
+                x = out.to_ndarray()
+                mono = x.mean(axis=0, dtype=np.float32) if x.shape[0] > 1 else x[0]
+                pending.append(np.ascontiguousarray(mono, dtype=np.float32))
+                held += len(mono)
+                while held >= block:
+                    joined = np.concatenate(pending)
+                    yield joined[:block]
+                    pending, held = [joined[block:]], len(joined) - block
+        for out in to_float.resample(None):  # what the resampler still holds
+            x = out.to_ndarray()
+            pending.append(np.ascontiguousarray(x.mean(axis=0, dtype=np.float32)))
+        rest = np.concatenate(pending) if pending else np.zeros(0, np.float32)
+        for i in range(0, len(rest), block):
+            yield rest[i:i + block]
+
+
+def _frames(container, stream) -> Iterator:
+    """Decoded frames of ``stream``; the packets of other streams (video) are read and dropped."""
+    for packet in container.demux(stream):
+        yield from packet.decode()

@@ -1,0 +1,150 @@
+"""Choosing a transcription model that understands the language spoken.
+
+The default model, whisper tiny.en, is English-only: given German it writes fluent English
+nonsense. Before the model loads, the runner asks ``advise`` (through
+TranscribePipeline.advise_model) for a second look at the job:
+
+- ``--language en``: nothing to check. Another ``--language``, or ``--task translate``, with the
+  English-only default: the job runs on the multilingual default (``transcribe:multilingual`` in
+  configs/models.toml, whisper-base) with no detection needed.
+- no ``--language``: the multilingual model's language detector hears the first speech of the
+  first file (up to DETECT_S seconds found by VAD; Whisper's encoder runs on just those frames,
+  not a padded 30 s window, which makes it ~4x cheaper and was as sure on the samples). Not English
+  (p >= MIN_PROB): the default switches to the multilingual model; an English-only model the user
+  named stays, with a warning naming the multilingual alias.
+
+The detector is the multilingual model itself on CTranslate2 in int8 (measured on 2 cores: load
+0.43 s and 0.3 s to detect on 8 s of speech, against 0.50 s and 0.53 s for float32 on 10 s; the
+same language and probability to 3 digits), kept in the engine cache so a server or batch loads it
+once. Without CTranslate2 or the multilingual model nothing is detected and the job runs as asked.
+A batch is decided by its first file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from taskrun.models.resolve import default_model, resolve
+from taskrun.pipelines.speech import audio
+from taskrun.tasks.base import Input, ModelCard, TaskError
+
+DETECT_S = 8.0  # seconds of speech the detector hears
+DETECTOR_DTYPE = "int8"  # loads and runs faster than float32 and needs a quarter of the memory
+LOOK_S = 60.0  # how far into the file to look for that much speech
+MIN_PROB = 0.5  # below this the detector is not sure: keep the model asked for
+ENGLISH_ONLY_VOCAB = 51864  # openai/whisper: is_multilingual = n_vocab >= 51865
+NAMES = {"de": "German", "fr": "French", "es": "Spanish", "it": "Italian", "pt": "Portuguese",
+         "nl": "Dutch", "pl": "Polish", "ru": "Russian", "uk": "Ukrainian", "tr": "Turkish",
+         "ar": "Arabic", "zh": "Chinese", "ja": "Japanese", "ko": "Korean", "hi": "Hindi",
+         "sv": "Swedish", "da": "Danish", "no": "Norwegian", "fi": "Finnish", "cs": "Czech"}
+
+
+def english_only(card: ModelCard) -> bool:
+    """Whether a Whisper model knows English only, read from its vocabulary size (no weights)."""
+    folder = Path(card.path)
+    try:
+        if card.architecture == "WhisperCT2":
+            if (folder / "vocabulary.txt").exists():
+                with open(folder / "vocabulary.txt", encoding="utf-8") as f:
+                    return sum(1 for _ in f) == ENGLISH_ONLY_VOCAB
+            return len(json.loads((folder / "vocabulary.json").read_text())) == ENGLISH_ONLY_VOCAB
+        if card.architecture == "WhisperForConditionalGeneration":
+            return json.loads((folder / "config.json").read_text()).get("vocab_size") == ENGLISH_ONLY_VOCAB
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def multilingual_alias() -> str | None:
+    try:
+        return default_model("transcribe", "multilingual")
+    except TaskError:
+        return None
+
+
+def advise(card: ModelCard, inputs: list[Input], options: Any, *, chosen: bool, device: str,
+           offline: bool, **_) -> tuple[ModelCard, list[str]]:
+    """(the card to run, notices) for a transcribe job about to load ``card``; ``chosen`` is True
+    when the user named the model."""
+    if options.language == "en" or not english_only(card):
+        return card, []
+    alias = multilingual_alias()
+    if alias is None:
+        return card, []
+    if options.language is not None or options.task == "translate":
+        if chosen:  # the pipeline's option check refuses this and names the multilingual model
+            return card, []
+        why = f"--language {options.language}" if options.language else "--task translate"
+        return _switch(card, alias, offline, f"{why}: `{card.name}` is English-only, so this job runs on {alias}")
+    heard = detect(inputs, alias, device, offline)
+    if heard is None:
+        return card, []
+    path, lang, prob = heard
+    said = f"{path} sounds like {NAMES.get(lang, lang)} ({lang}, p={prob:.2f})"
+    if chosen:
+        return card, [f"{said}, but `{card.name}` is English-only: its transcript will not be that "
+                      f"language; use --model {alias} (or --language en to skip this check)"]
+    return _switch(card, alias, offline, f"{said}; `{card.name}` is English-only, so this job runs on "
+                                         f"{alias} (--model picks one, --language en skips this check)")
+
+
+def _switch(card: ModelCard, alias: str, offline: bool, note: str) -> tuple[ModelCard, list[str]]:
+    try:
+        return resolve(alias, offline=offline), [note]
+    except TaskError:  # not installed: run as asked; the option check says what to install
+        return card, []
+
+
+def detect(inputs: list[Input], alias: str, device: str, offline: bool) -> tuple[str, str, float] | None:
+    """(file, language code, probability) of the first speech of the first readable file, when
+    it is not English and the detector is sure; None otherwise (or when it cannot run)."""
+    speech = None
+    for inp in inputs:
+        try:
+            speech = first_speech(inp.path) if inp.path else None
+        except TaskError:  # an unreadable file: the pipeline reports it; try the next
+            continue
+        if speech is not None:
+            break
+    if speech is None:
+        return None
+    try:
+        from taskrun.pipelines.speech.ct2_engine import CT2WhisperEngine
+
+        engine = CT2WhisperEngine.load(resolve(alias, offline=offline), _ct2_device(device), DETECTOR_DTYPE)
+    except (TaskError, ImportError):
+        return None
+    lang, prob = engine.detect_language(speech)
+    return (inp.path, lang, prob) if lang != "en" and prob >= MIN_PROB else None
+
+
+def _ct2_device(device: str) -> str:
+    return device if device in ("auto", "cpu") or device.startswith("cuda") else "cpu"
+
+
+def first_speech(path: str, sr: int = 16000) -> np.ndarray | None:
+    """Up to DETECT_S seconds of speech (Silero VAD) from the first LOOK_S seconds of ``path``."""
+    got, have = [], 0
+    for chunk in audio.chunked(_head_blocks(path, sr), sr, 30.0, 8.0):
+        x = chunk.samples
+        if audio.is_silent(x):
+            continue
+        for a, b in audio.speech_spans(x, sr):
+            got.append(x[a:b])
+            have += b - a
+        if have >= DETECT_S * sr:
+            break
+    return np.concatenate(got)[: int(DETECT_S * sr)] if have >= 0.5 * sr else None
+
+
+def _head_blocks(path: str, sr: int):
+    read = 0
+    for block in audio.read_blocks(path, sr):
+        yield block
+        read += len(block)
+        if read >= LOOK_S * sr:
+            return

@@ -1,0 +1,118 @@
+"""The search index: each corpus file's passages and their vectors, kept in one SQLite file in the
+cache folder and shared by `run search` and `run ask` (whose first step is a search).
+
+A row is keyed by the file's path within a *space* (everything else the vectors depend on: the
+model's digest, runtime and dtype, and the splitting settings) and carries the digest of the text
+it was made from. An unchanged file is reused as it is; a changed one is embedded again; a file gone
+from the corpus drops out. SQLite as the run log uses it: WAL and a busy timeout, so concurrent
+searches share the file. Vectors are scored by brute force in memory (see search.py), which is
+fine to about 10^5 passages (150 MB of 384-d float32); beyond that a vector store (sqlite-vec,
+usearch, hnswlib) would pay.
+
+The file is private (0600): it holds the text of the user's documents. It is a cache: a file that
+SQLite cannot read is deleted and rebuilt, and the caller says so once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+SCHEMA_VERSION = 1
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS files (
+    space TEXT NOT NULL,      -- model digest, runtime, dtype, splitter version and passage size
+    path TEXT NOT NULL,       -- the file, absolute
+    digest TEXT NOT NULL,     -- sha256 of the text the passages were cut from
+    passages TEXT NOT NULL,   -- JSON: [[line_start, line_end, text], ...]
+    dim INTEGER NOT NULL,
+    vectors BLOB NOT NULL,    -- float32, (len(passages), dim), row-major
+    PRIMARY KEY (space, path)
+)
+"""
+
+
+@dataclass
+class Entry:
+    """One file as the index holds it."""
+
+    digest: str
+    passages: list[tuple[int, int, str]]  # (line_start, line_end, text)
+    vectors: np.ndarray  # float32 (n, dim)
+
+
+class CorpusIndex:
+    """The index file. ``damaged`` holds SQLite's complaint when the file had to be rebuilt."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.damaged: str | None = None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._prepare()
+        except sqlite3.DatabaseError as exc:  # not a database, or a torn page: it is only a cache
+            self.damaged = str(exc)
+            for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+                p.unlink(missing_ok=True)
+            self._prepare()
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        db.execute("PRAGMA busy_timeout=30000")
+        return db
+
+    def _prepare(self) -> None:
+        # Created 0600 before SQLite opens it; SQLite gives its -wal and -shm files the same mode.
+        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
+        with closing(self._connect()) as db:
+            db.execute("PRAGMA journal_mode=WAL")
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            if version != SCHEMA_VERSION:  # an index from another taskrun: start over
+                db.execute("DROP TABLE IF EXISTS files")
+            db.execute(SCHEMA)
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            db.execute("SELECT count(*) FROM files").fetchone()  # reads the pages: damage shows here
+
+    def entries(self, space: str, paths: list[str]) -> dict[str, Entry]:
+        """What the index holds for ``paths`` in ``space``."""
+        out: dict[str, Entry] = {}
+        with closing(self._connect()) as db:
+            for i in range(0, len(paths), 500):  # SQLite's limit on bound parameters
+                part = paths[i:i + 500]
+                rows = db.execute(f"SELECT path, digest, passages, dim, vectors FROM files WHERE space = ? "
+                                  f"AND path IN ({','.join('?' * len(part))})", (space, *part))
+                for path, digest, passages, dim, blob in rows:
+                    vecs = np.frombuffer(blob, np.float32).reshape(-1, dim)
+                    out[path] = Entry(digest, [tuple(p) for p in json.loads(passages)], vecs)
+        return out
+
+    def update(self, space: str, changed: dict[str, Entry], keep: set[str], root: str | None) -> int:
+        """Store ``changed`` files; drop the files under ``root`` (a corpus folder) that are not in
+        ``keep`` any more. Returns how many were dropped. One transaction: a concurrent search sees
+        the index before or after, never half of it."""
+        with closing(self._connect()) as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.executemany(
+                    "INSERT OR REPLACE INTO files (space, path, digest, passages, dim, vectors) "
+                    "VALUES (?, ?, ?, ?, ?, ?)",
+                    [(space, path, e.digest, json.dumps(e.passages, ensure_ascii=False), e.vectors.shape[1],
+                      np.ascontiguousarray(e.vectors, np.float32).tobytes()) for path, e in changed.items()])
+                gone = []
+                if root is not None:
+                    prefix = root.rstrip(os.sep) + os.sep
+                    rows = db.execute("SELECT path FROM files WHERE space = ? AND substr(path, 1, ?) = ?",
+                                      (space, len(prefix), prefix))
+                    gone = [p for (p,) in rows if p not in keep]
+                    db.executemany("DELETE FROM files WHERE space = ? AND path = ?", [(space, p) for p in gone])
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        return len(gone)
