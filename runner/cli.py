@@ -25,6 +25,8 @@ EXTRA_COMMANDS: dict[str, str] = {
     "chain": "taskrun.runner.chain_commands:chain_cmd",
     "ask": "taskrun.runner.chain_commands:ask_cmd",
     "fit": "taskrun.runner.info:fit_cmd",
+    "serve": "taskrun.runner.serve.command:serve_cmd",
+    "batch": "taskrun.runner.batch.command:batch_cmd",
 }
 
 
@@ -160,6 +162,12 @@ def _common_params(task: Task) -> list[click.Parameter]:
         click.Option(["--log-db"], type=click.Path(dir_okay=False), envvar="TASKRUN_LOG_DB",
                      help="Run log SQLite file [env TASKRUN_LOG_DB]."),
         click.Option(["-q", "--quiet"], is_flag=True, help="No progress or metrics on stderr."),
+        click.Option(["--server"], envvar="TASKRUN_SERVER", metavar="URL",
+                     help="Run the job on a warm `run serve` at URL (e.g. http://127.0.0.1:8080); the "
+                          "output is a local run's. Inputs are read here and sent; the server logs the "
+                          "job. --then chains still run here [env TASKRUN_SERVER]."),
+        click.Option(["--api-key"], envvar="TASKRUN_API_KEY", metavar="KEY",
+                     help="The key of a server started with --api-key [env TASKRUN_API_KEY]."),
     ] + ([click.Option(["--then", "then"], multiple=True, metavar="TASK",
                        help=f"Hand this job's {task.produces} to another task: --then summarize, or "
                             f"--then summarize=MODEL; "
@@ -175,15 +183,21 @@ def task_command(task: Task) -> click.Command:
         params += extra()
 
     def callback(inputs, files, model, runtime, device, dtype, json_mode, fmt, output, offline, log_db,
-                 quiet, **kw):
-        from taskrun.runner.execute import execute
-
+                 quiet, server, api_key, **kw):
         handled = {p.name for p in (extra() if extra else [])} | {"then"}
         extras = {k: kw.pop(k) for k in list(kw) if k in handled}
         values = {k: v for k, v in kw.items()}
+        if server and not extras.get("then"):  # imports neither torch nor the chain engine: starts fast
+            from taskrun.runner.remote import execute_remote
+
+            return execute_remote(task, server=server, api_key=api_key, inputs=inputs, files=files,
+                                  values=values, model=model, runtime=runtime, device=device, dtype=dtype,
+                                  json_mode=json_mode, fmt=fmt, output=output, quiet=quiet)
+        from taskrun.runner.execute import execute
+
         return execute(task, inputs=inputs, files=files, values=values, model=model, runtime=runtime,
                        device=device, dtype=dtype, json_mode=json_mode, fmt=fmt, output=output,
-                       offline=offline, log_db=log_db, quiet=quiet, extras=extras)
+                       offline=offline, log_db=log_db, quiet=quiet, extras=extras, server=server)
 
     arg_help = f"\n\nInputs: {task.takes}.\n\nReturns: {task.returns}.\n\n" \
                f"Measures: {', '.join(f.name for f in dataclasses.fields(task.Metrics))}."

@@ -38,17 +38,19 @@ class CommandView(StageView):
 
 
 def execute(task: Task, *, inputs, files, values, model, runtime, device, dtype, json_mode, fmt, output,
-            offline, log_db, quiet, extras: dict[str, Any]) -> None:
+            offline, log_db, quiet, extras: dict[str, Any], server: str | None = None) -> None:
     fmt = pick_format(task, fmt, output)
     if fmt == "json":
         json_mode = True
     if output:
         check_output_path(output)
+    if server and not quiet:  # a lone job went to runner/remote.py; a chain runs here
+        click.secho("note: --then chains run here, not on --server", err=True, fg="yellow")
     log = RunLog(log_db)
     chain = then_chain(task, extras.get("then") or (), model)
     # A lone task is a job of no chain; with --then, every stage's row carries one chain id.
     run = ChainRun(chain, new_id() if len(chain.steps) > 1 else None, out_dir=None)
-    first = FirstStep(lambda: gather_inputs(task, inputs, files), lambda: options_from(task, values), runtime)
+    first = FirstStep(lambda: gather_inputs(task, inputs, files), lambda: options_from(task, values, fmt), runtime)
     try:
         run_steps(run, CommandView(fmt, output, json_mode, quiet), first=first, device=device,
                   dtype=dtype, offline=offline, log=log)

@@ -41,6 +41,16 @@ def check_sampling(max_tokens: int, temperature: float, top_p: float, top_k: int
     require(top_k >= 0, f"--top-k must be 0 (off) or more (got {top_k})")
 
 
+def check_history(history, raw: bool) -> tuple[tuple[str, str], ...]:
+    """Earlier conversation turns as (role, text) pairs; they need the chat template."""
+    turns = tuple(tuple(t) for t in history)
+    for t in turns:
+        require(len(t) == 2 and t[0] in ("user", "assistant") and isinstance(t[1], str),
+                f"history takes (role, text) pairs with role user or assistant (got {list(t)!r:.60})")
+    require(not (turns and raw), "a conversation history needs the chat template; drop --raw")
+    return turns
+
+
 @dataclass(frozen=True)
 class Options:
     max_tokens: int = option(256, "--max-tokens", help="Most tokens to generate; a longer answer is cut.")
@@ -56,6 +66,9 @@ class Options:
     stop: tuple[str, ...] = option((), "--stop", multiple=True, metavar="TEXT",
                                    help="Stop when this text appears (not included). Repeatable.")
     system: str = option("", "--system", help="System prompt (used with the chat template).")
+    history: tuple = option((), cli=False,
+                            help="Earlier turns of a conversation before the prompt, as (role, text) "
+                                 "pairs with role user or assistant (the server's chat endpoints).")
     raw: bool = option(False, "--raw", help="Send the prompt as is, without the model's chat template.")
     stream: bool = option(True, "--stream", help="Print text as it is generated (--no-stream: at the end).")
     truncate: bool = option(False, "--truncate",
@@ -73,6 +86,7 @@ class Options:
         require(self.repeat_penalty > 0, f"--repeat-penalty must be above 0, e.g. 1.1 (got {self.repeat_penalty})")
         require(all(self.stop), "--stop needs a non-empty text")
         require(self.price_in >= 0 and self.price_out >= 0, "--price-in/--price-out must be 0 or more")
+        object.__setattr__(self, "history", check_history(self.history, self.raw))
         if self.json_schema:
             load_schema(self.json_schema)
 

@@ -24,6 +24,7 @@ def isolated(tmp_path, session_cache, monkeypatch):
     monkeypatch.setenv("TASKRUN_LOG_DB", str(tmp_path / "runs.db"))
     monkeypatch.setenv("TASKRUN_CACHE_DIR", str(session_cache))
     monkeypatch.delenv("TASKRUN_DEBUG", raising=False)
+    monkeypatch.delenv("TASKRUN_SERVER", raising=False)  # a developer's server must not take the tests' jobs
     # Each test runs in its own folder: anything written to "." (images, chain output) lands
     # there, never in the checkout.
     work = tmp_path / "cwd"

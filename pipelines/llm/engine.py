@@ -60,10 +60,12 @@ class LLMEngine(ABC):
         is False (to cut a user's text that contains them without losing them)."""
 
     @abstractmethod
-    def prompt_ids(self, text: str, system: str = "", raw: bool = False, prefix: str = "") -> list[int]:
+    def prompt_ids(self, text: str, system: str = "", raw: bool = False, prefix: str = "",
+                   history: tuple = ()) -> list[int]:
         """Token ids of ``text`` as the model should see it: in its chat template (with ``system``
-        as the system message) unless ``raw`` or the model has none; ``prefix`` starts the
-        assistant's answer (e.g. "{" for JSON)."""
+        as the system message, after the earlier turns of ``history``, (role, text) pairs)
+        unless ``raw`` or the model has none; ``prefix`` starts the assistant's answer (e.g. "{"
+        for JSON)."""
 
     @abstractmethod
     def token_texts(self) -> list[str]:

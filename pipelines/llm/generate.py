@@ -59,7 +59,7 @@ class GeneratePipeline(LLMPipeline):
     def _prompt(self, text, options, system, prefix):
         """The prompt's token ids, refused (or cut with --truncate) when it leaves no room to answer."""
         llm = self.engine
-        ids = llm.prompt_ids(text, system, options.raw, prefix)
+        ids = llm.prompt_ids(text, system, options.raw, prefix, options.history)
         window = llm.context
         if len(ids) < window:
             return ids, 0
@@ -67,7 +67,7 @@ class GeneratePipeline(LLMPipeline):
             raise TaskError(f"the prompt is {len(ids)} tokens; {self.card.name} reads at most {window} "
                             f"(prompt + answer). Shorten it, or pass --truncate to cut its end")
         room = max(1, min(options.max_tokens, window // 4))  # leave the answer some room
-        return fit_prompt(llm, text, window - room, system, options.raw, prefix)
+        return fit_prompt(llm, text, window - room, system, options.raw, prefix, options.history)
 
 
 @dataclass
@@ -102,10 +102,10 @@ class _Totals:
 
 
 def fit_prompt(llm: LLMEngine, text: str, budget: int, system: str = "", raw: bool = False,
-               prefix: str = "") -> tuple[list[int], int]:
+               prefix: str = "", history: tuple = ()) -> tuple[list[int], int]:
     """(ids, dropped): the prompt with the end of ``text`` cut so that it takes at most
     ``budget`` tokens; ``dropped`` counts the text tokens removed."""
-    ids = llm.prompt_ids(text, system, raw, prefix)
+    ids = llm.prompt_ids(text, system, raw, prefix, history)
     if len(ids) <= budget:
         return ids, 0
     body = llm.encode(text)
@@ -114,10 +114,10 @@ def fit_prompt(llm: LLMEngine, text: str, budget: int, system: str = "", raw: bo
     if keep <= 0:
         raise TaskError(f"the template and system prompt alone take {overhead} tokens, more than "
                         f"the {budget} available; shorten --system or lower --max-tokens")
-    ids = llm.prompt_ids(llm.decode(body[:keep], skip_special=False), system, raw, prefix)
+    ids = llm.prompt_ids(llm.decode(body[:keep], skip_special=False), system, raw, prefix, history)
     while len(ids) > budget and keep > 0:  # re-tokenising at the cut can add a token or two
         keep -= max(1, len(ids) - budget)
-        ids = llm.prompt_ids(llm.decode(body[:keep], skip_special=False), system, raw, prefix)
+        ids = llm.prompt_ids(llm.decode(body[:keep], skip_special=False), system, raw, prefix, history)
     return ids, len(body) - keep
 
 

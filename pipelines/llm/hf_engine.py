@@ -88,12 +88,14 @@ class TransformersLLM(LLMEngine):
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
         return self.tok.decode(ids, skip_special_tokens=skip_special)
 
-    def prompt_ids(self, text: str, system: str = "", raw: bool = False, prefix: str = "") -> list[int]:
+    def prompt_ids(self, text: str, system: str = "", raw: bool = False, prefix: str = "",
+                   history: tuple = ()) -> list[int]:
         if raw or not getattr(self.tok, "chat_template", None):
-            body = (system + "\n\n" if system else "") + text + prefix
+            turns = "".join(f"{said}\n\n" for _, said in history)  # no template: the turns as text
+            body = (system + "\n\n" if system else "") + turns + text + prefix
             return self.tok.encode(body, add_special_tokens=True)
         messages = ([{"role": "system", "content": system}] if system else []) + \
-            [{"role": "user", "content": text}]
+            [{"role": role, "content": said} for role, said in history] + [{"role": "user", "content": text}]
         rendered = self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return self.tok.encode(rendered + prefix, add_special_tokens=False)
 

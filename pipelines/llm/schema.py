@@ -83,7 +83,7 @@ def guided_fill(engine, question, options, system, schema, s, clock, out: Decode
         text += piece
         if options.stream:
             yield ev.Token(piece, index)
-        prompt = (question, system, options.raw)
+        prompt = (question, system, options.raw, options.history)
         kind = "enum" if isinstance(sub.get("enum"), list) else sub.get("type")
         if kind in ("enum", "boolean"):
             value = _choose(engine, prompt, text, sub["enum"] if kind == "enum" else [True, False])
@@ -104,9 +104,15 @@ def guided_fill(engine, question, options, system, schema, s, clock, out: Decode
     return text
 
 
+def _prompt_ids(engine, prompt: tuple, answer: str) -> list[int]:
+    """The question (text, system, raw, history) with ``answer`` so far as the answer's start."""
+    text, system, raw, history = prompt
+    return engine.prompt_ids(text, system, raw, answer, history)
+
+
 def _choose(engine, prompt, text: str, choices: list) -> str:
     """The likeliest of ``choices`` after the answer so far, as JSON."""
-    ids = engine.prompt_ids(*prompt, text)
+    ids = _prompt_ids(engine, prompt, text)
     scores = [engine.score(ids, engine.encode(json.dumps(c))) for c in choices]
     return json.dumps(choices[max(range(len(choices)), key=scores.__getitem__)])
 
@@ -116,10 +122,10 @@ def _write(engine, prompt, text: str, kind: str, s, clock) -> tuple[str, Decoded
     ("null" when the model wrote none)."""
     if kind == "string":
         quoted = dataclasses.replace(s, stop=('"',))
-        part = complete(engine, engine.prompt_ids(*prompt, text + '"'), quoted, clock)
+        part = complete(engine, _prompt_ids(engine, prompt, text + '"'), quoted, clock)
         return json.dumps(part.text), part
     numeric = dataclasses.replace(s, stop=(",", "}", "\n"), allowed=_number_mask(engine))
-    part = complete(engine, engine.prompt_ids(*prompt, text), numeric, clock)
+    part = complete(engine, _prompt_ids(engine, prompt, text), numeric, clock)
     raw = part.text.strip()
     value = raw if NUMBER.fullmatch(raw) else "null"
     if kind == "integer" and "." in value:

@@ -1,0 +1,158 @@
+"""The FastAPI app of `run serve`: ``create_app(settings)``.
+
+Every error leaves in OpenAI's ``{"error": {...}}`` shape with a 4xx, whatever raised it (a bad
+body, an unknown route, a TaskError from a job); an unexpected exception is logged with its
+traceback on the server's stderr and answered 500 "internal error (see the server log)", so no
+traceback ever reaches a client. No interactive docs are served (no /docs, no /openapi.json):
+the README documents the endpoints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from taskrun.runner.serve.errors import APIError, from_task_error
+from taskrun.runner.serve.security import Guard
+from taskrun.runner.serve.service import InternalError, Service
+from taskrun.runner.serve.settings import Settings
+from taskrun.tasks.base import TaskError
+
+log = logging.getLogger("taskrun.serve")
+
+
+def create_app(settings: Settings) -> FastAPI:
+    from taskrun.runner.serve import routes_native, routes_ollama, routes_openai
+    from taskrun.runner.serve.batching import EmbedBatcher
+
+    service = Service(settings)
+    if settings.batching:
+        service.batcher = EmbedBatcher(service, settings.batch_window_s, settings.batch_max_texts)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        tasks = [asyncio.ensure_future(_preload(service, m)) for m in settings.preload]
+        try:
+            yield
+        finally:
+            for t in tasks:
+                t.cancel()
+            service.workers.close()
+
+    app = FastAPI(title="taskrun", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.service = service
+    _install_error_handlers(app)
+    _install_ops(app, service)
+    routes_openai.register(app, service)
+    routes_ollama.register(app, service)
+    routes_native.register(app, service)
+    app.add_middleware(Guard, api_key=settings.api_key, max_body=settings.max_body_bytes)
+    app.add_middleware(_Counted, metrics=service.metrics)
+    return app
+
+
+def _error(err: APIError, headers: dict | None = None) -> JSONResponse:
+    run_id = getattr(err, "run_id", None)
+    headers = {**(headers or {}), **({"X-Taskrun-Run-Id": run_id} if run_id else {})}
+    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError):
+        retry = getattr(exc, "retry_after", None)
+        return _error(exc, {"Retry-After": str(retry)} if retry else None)
+
+    @app.exception_handler(TaskError)
+    async def task_error(request: Request, exc: TaskError):
+        return _error(from_task_error(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError):
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(x) for x in first.get("loc", ())[1:]) or None
+        return _error(APIError(400, f"{where or 'request'}: {first.get('msg', 'invalid request')}", param=where))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException):
+        message = {404: f"no endpoint {request.method} {request.url.path}",
+                   405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, str(exc.detail))
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return _error(APIError(exc.status_code, message, type=kind), dict(exc.headers or {}))
+
+    @app.exception_handler(Exception)
+    async def crash(request: Request, exc: Exception):
+        log.error("internal error on %s %s", request.method, request.url.path, exc_info=exc)
+        return _error(InternalError())
+
+
+def _install_ops(app: FastAPI, service: Service) -> None:
+    @app.get("/health")
+    async def health():
+        states = service.preload_state
+        failed = {m: s for m, s in states.items() if s not in ("loading", "ready")}
+        if failed:
+            return JSONResponse({"status": "error", "models": states}, status_code=503)
+        if any(s == "loading" for s in states.values()):
+            return JSONResponse({"status": "loading", "models": states}, status_code=503)
+        return {"status": "ok", "models": states}
+
+    @app.get("/metrics")
+    async def metrics():
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        return Response(service.metrics.text(service.workers.depth()), media_type=CONTENT_TYPE_LATEST)
+
+
+async def _preload(service: Service, model: str) -> None:
+    """Load ``model`` on its own worker thread, so /health says ready only once it is warm."""
+    def load():
+        from taskrun.pipelines import load_pipeline
+
+        card = service.catalogue.card(model)
+        if not card.tasks:
+            raise TaskError(f"{model} serves no task taskrun knows; it cannot be preloaded")
+        with service.loads.loading((model, card.tasks[0], None)):
+            load_pipeline(card.tasks[0], card, card.runtime, service.settings.device, service.settings.dtype)
+
+    worker = service.workers.get(model)
+    try:
+        worker.admit()
+        await worker.run(load)
+        service.preload_state[model] = "ready"
+        log.info("preloaded %s", model)
+    except Exception as exc:  # the operator sees why on stderr and in /health
+        message = exc.message if isinstance(exc, APIError) else str(exc) or type(exc).__name__
+        service.preload_state[model] = f"failed: {message}"
+        log.error("could not preload %s: %s", model, message, exc_info=not isinstance(exc, (TaskError, APIError)))
+
+
+class _Counted:
+    """Counts every answer by route and status (the route's template, so ids do not explode
+    the label set)."""
+
+    def __init__(self, app, metrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        status = [500]
+
+        async def sending(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            route = scope.get("route")
+            self.metrics.request(getattr(route, "path", "unmatched"), status[0])

@@ -1,0 +1,52 @@
+"""The one error shape every endpoint answers with: OpenAI's ``{"error": {...}}``.
+
+OpenAI's clients (and most others) read ``error.message`` from any 4xx/5xx, so the native and
+Ollama endpoints use the same body. Torch- and web-framework-free: ``run batch`` writes these
+bodies into its error lines too.
+"""
+
+from __future__ import annotations
+
+from taskrun.tasks.base import TaskError
+
+
+class APIError(Exception):
+    """A request that cannot be served, with the HTTP status and OpenAI error fields to answer with.
+
+    ``param`` names the request field at fault (OpenAI's clients show it); ``code`` is a
+    machine-readable reason such as ``model_not_found``.
+    """
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+# A TaskError from model resolution that means "no such model here" (models/resolve.py words
+# them so); it answers 404 like OpenAI's unknown model, every other TaskError 400.
+_NOT_FOUND_PREFIXES = ("no model named",)
+_NOT_FOUND_PARTS = ("is not available here", "is not installed here")
+
+
+def from_task_error(exc: TaskError) -> APIError:
+    """The API error for a job's TaskError: its message (which names the fix), 400, or 404 with
+    code ``model_not_found`` when the model is unknown or not installed."""
+    message = str(exc)
+    if message.startswith(_NOT_FOUND_PREFIXES) or any(p in message for p in _NOT_FOUND_PARTS):
+        return APIError(404, message, param="model", code="model_not_found")
+    return APIError(400, message)
+
+
+def unsupported(field: str, why: str = "") -> APIError:
+    """400 for a request field taskrun does not implement: named, never silently ignored."""
+    return APIError(400, f"'{field}' is not supported by this server" + (f": {why}" if why else ""),
+                    param=field, code="unsupported_parameter")
+
+
+def invalid(field: str, message: str) -> APIError:
+    """400 for a field with a wrong type or value."""
+    return APIError(400, message, param=field, code="invalid_value")

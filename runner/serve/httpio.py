@@ -1,0 +1,105 @@
+"""What every endpoint does with HTTP: read a JSON body, answer with the run id, stream lines.
+
+Streams are opened only once the job has produced its first event: a job that fails before any
+output (an unknown option, a prompt too long, a model that cannot load) is answered with its
+4xx status and the error body, as without streaming. After the first line the status is sent, so
+a later failure is the stream's last line, and the run id rides in the last line too.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from taskrun.runner.jobspec import Uploads
+from taskrun.runner.serve.errors import APIError, invalid
+from taskrun.tasks.base import to_jsonable
+
+RUN_ID_HEADER = "X-Taskrun-Run-Id"
+_NOTHING = object()
+
+
+async def json_body(request: Request) -> dict:
+    """The request's JSON object; 400 for anything else."""
+    raw = await request.body()
+    try:
+        body = json.loads(raw or b"null")
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise APIError(400, f"the request body is not valid JSON ({exc})", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise invalid("body", "the request body must be a JSON object")
+    return body
+
+
+def run_headers(run_id: str | None) -> dict[str, str]:
+    return {RUN_ID_HEADER: run_id} if run_id else {}
+
+
+def answer(body: Any, run_id: str | None, status: int = 200) -> Response:
+    """A JSON object, or text (transcripts as text, srt, vtt), with the run id header."""
+    if isinstance(body, str):
+        return Response(body, status_code=status, headers=run_headers(run_id), media_type="text/plain; charset=utf-8")
+    return JSONResponse(to_jsonable(body), status_code=status, headers=run_headers(run_id))
+
+
+def release(uploads: Uploads | None, running=None) -> None:
+    """Remove the request's files once nothing uses them: now, or when its job ends (a job whose
+    client left still runs until its next event)."""
+    if uploads is None:
+        return
+    if running is None or running.future.done():
+        uploads.close()
+    else:
+        running.future.add_done_callback(lambda _: uploads.close())
+
+
+async def opened(running) -> AsyncIterator[Any]:
+    """The job's events, once the first has come: a job that ended without any raises its
+    error here, before a stream is answered."""
+    events = running.events()
+    try:
+        first = await events.__anext__()
+    except StopAsyncIteration:
+        first = _NOTHING
+        await running.result()  # raises the job's APIError
+
+    async def rest():
+        if first is not _NOTHING:
+            yield first
+        async for event in events:
+            yield event
+
+    return rest()
+
+
+def ndjson(lines: AsyncIterator[dict], on_close: Callable[[], None], run_id: str | None = None) -> Response:
+    """A streamed ``application/x-ndjson`` response, one JSON object per line."""
+    async def body():
+        try:
+            async for line in lines:
+                # The lines are JSON already (wire.py made them): a second to_jsonable pass would
+                # round the full-precision vectors to 6 decimals, and `-o x.npy` through a
+                # server would no longer equal the local file.
+                yield json.dumps(line, ensure_ascii=False, separators=(",", ":"), default=to_jsonable) + "\n"
+        finally:
+            on_close()
+
+    return StreamingResponse(body(), media_type="application/x-ndjson", headers=run_headers(run_id))
+
+
+def sse(chunks: AsyncIterator[dict | str], on_close: Callable[[], None]) -> Response:
+    """Server-sent events as OpenAI streams them: ``data: {json}`` per chunk, ``data: [DONE]`` last."""
+    from sse_starlette import EventSourceResponse
+
+    async def body():
+        try:
+            async for chunk in chunks:
+                yield {"data": chunk if isinstance(chunk, str) else json.dumps(chunk, ensure_ascii=False, separators=(",", ":"))}
+        finally:
+            on_close()
+
+    return EventSourceResponse(body(), sep="\n", ping=15)

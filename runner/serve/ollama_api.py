@@ -1,0 +1,170 @@
+"""Ollama request bodies → taskrun jobs, and finished jobs → Ollama's answers.
+
+Shapes as the official ``ollama`` Python client sends and parses them: ``options`` holds the
+sampling settings (temperature, top_p, top_k, seed, num_predict, stop, repeat_penalty; any
+other is a 400 naming it), ``format`` is "json" or a JSON Schema, durations are nanoseconds.
+``keep_alive`` is accepted and has no effect: models stay loaded until the memory budget needs
+the room. Errors keep OpenAI's ``{"error": {...}}`` shape; the ollama client shows its message.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+from taskrun.runner.jobspec import JobSpec, Uploads
+from taskrun.runner.serve.errors import invalid, unsupported
+from taskrun.runner.serve.openai_api import (
+    chat_messages,
+    check_fields,
+    model_of,
+    text_of,
+    typed,
+)
+from taskrun.runner.serve.openai_out import finish_reason
+
+# Ollama option → generate option
+OPTIONS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "seed": "seed",
+           "num_predict": "max_tokens", "stop": "stop", "repeat_penalty": "repeat_penalty"}
+UNLIMITED = 1_000_000  # num_predict -1: until the answer ends or the window is full
+NS = 1_000_000_000
+
+
+def sampling(body: dict) -> dict:
+    opts = body.get("options") or {}
+    if not isinstance(opts, dict):
+        raise invalid("options", "'options' must be an object")
+    out: dict[str, Any] = {}
+    for key, value in opts.items():
+        if key not in OPTIONS:
+            raise unsupported(f"options.{key}", f"taskrun reads {', '.join(OPTIONS)}")
+        if value is not None:
+            out[OPTIONS[key]] = value
+    if out.get("max_tokens") in (-1, -2):
+        out["max_tokens"] = UNLIMITED
+    if isinstance(out.get("stop"), str):
+        out["stop"] = [out["stop"]]
+    return out
+
+
+def format_options(body: dict, uploads: Uploads) -> dict:
+    """``format``: "json" (any JSON object) or a JSON Schema → generate's json_schema, written
+    to the request's own folder."""
+    fmt = body.get("format")
+    if fmt in (None, ""):
+        return {}
+    if fmt == "json":
+        schema: Any = {"type": "object"}
+    elif isinstance(fmt, dict):
+        schema = fmt
+    else:
+        raise invalid("format", "'format' must be \"json\" or a JSON Schema object")
+    path = uploads.dir / "format-schema.json"
+    path.write_text(json.dumps(schema), encoding="utf-8")
+    return {"json_schema": str(path)}
+
+
+NEUTRAL_GEN = {"keep_alive", "stream", "model", "options", "format", "think"}
+
+
+def _no_thinking(body: dict) -> None:
+    if body.get("think") not in (None, False):
+        raise unsupported("think", "taskrun's models do not think separately")
+
+
+def generate_spec(body: dict, uploads: Uploads) -> JobSpec:
+    """/api/generate: a prompt, with the chat template unless ``raw``."""
+    check_fields(body, NEUTRAL_GEN | {"prompt", "system", "raw", "images", "suffix", "template", "context"})
+    _no_thinking(body)
+    for key in ("images", "context"):
+        if body.get(key):
+            raise unsupported(key, "taskrun's language models read text only" if key == "images"
+                              else "send the conversation to /api/chat instead")
+    if body.get("suffix") or body.get("template"):
+        raise unsupported("suffix" if body.get("suffix") else "template")
+    options = {**sampling(body), **format_options(body, uploads), "stream": True}
+    system = typed(body, "system", str, "a string")
+    if system:
+        options["system"] = system
+    if typed(body, "raw", bool, "true or false"):
+        options["raw"] = True
+    return JobSpec("generate", [text_of(body.get("prompt"), "prompt")], options, model=model_of(body))
+
+
+def chat_spec(body: dict, uploads: Uploads) -> JobSpec:
+    """/api/chat: messages → system, history and the last user message."""
+    check_fields(body, NEUTRAL_GEN | {"messages", "tools"})
+    _no_thinking(body)
+    if body.get("tools"):
+        raise unsupported("tools", "taskrun does not call tools")
+    system, history, prompt = chat_messages(body.get("messages"))
+    options = {**sampling(body), **format_options(body, uploads), "stream": True}
+    if system:
+        options["system"] = system
+    if history:
+        options["history"] = history
+    return JobSpec("generate", [prompt], options, model=model_of(body))
+
+
+def embed_spec(body: dict) -> JobSpec:
+    check_fields(body, {"model", "input", "truncate", "options", "keep_alive", "dimensions"})
+    if body.get("options"):
+        raise unsupported("options", "embeddings take no options here")
+    if body.get("dimensions") is not None:
+        raise unsupported("dimensions", "vectors have the model's own length")
+    value = body.get("input")
+    texts = value if isinstance(value, list) else [value]
+    if not texts:
+        raise invalid("input", "'input' must be a text or a list of texts")
+    inputs = [text_of(t, "input" if len(texts) == 1 else f"input[{i}]") for i, t in enumerate(texts)]
+    return JobSpec("embed", inputs, {}, model=model_of(body))
+
+
+# --------------------------------------------------------------------------- answers
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def durations(rec, total_s: float) -> dict:
+    """Ollama's timing fields in nanoseconds. eval_duration is first token → last (wall − ttft)."""
+    m = rec.metrics
+    out = {"total_duration": int(total_s * NS), "load_duration": int(rec.load_s * NS)}
+    if m is not None and hasattr(m, "prefill_s"):
+        out.update(prompt_eval_count=m.input_tokens, prompt_eval_duration=int(m.prefill_s * NS),
+                   eval_count=m.output_tokens, eval_duration=int(max(0.0, rec.wall_s - m.ttft_s) * NS))
+    elif m is not None and hasattr(m, "input_tokens"):
+        out["prompt_eval_count"] = sum(r.tokens for r in rec.results)
+    return out
+
+
+def text_line(chat: bool, model: str, piece: str) -> dict:
+    content = {"message": {"role": "assistant", "content": piece}} if chat else {"response": piece}
+    return {"model": model, "created_at": now(), **content, "done": False}
+
+
+def final_line(chat: bool, model: str, rec, total_s: float, text: str = "") -> dict:
+    """The last object: done, why, the timings (and the whole answer when not streamed)."""
+    result = rec.results[0] if rec.results else None
+    reason = finish_reason(result.finish_reason) if result is not None else "stop"
+    line = text_line(chat, model, text)
+    return {**line, "done": True, "done_reason": reason, **durations(rec, total_s), "run_id": rec.id}
+
+
+def embed_body(model: str, rec, total_s: float) -> dict:
+    return {"model": model, "embeddings": [list(map(float, r.vector)) for r in rec.results],
+            **durations(rec, total_s)}
+
+
+def tags_body(rows: list[dict]) -> dict:
+    models = []
+    for r in rows:
+        modified = datetime.fromtimestamp(r.get("created", 0), timezone.utc).isoformat().replace("+00:00", "Z")
+        models.append({"name": r["name"], "model": r["name"], "modified_at": modified, "size": r["size_bytes"],
+                       "digest": r["digest"].removeprefix("sha256:"),
+                       "details": {"format": r.get("format", ""), "family": r.get("architecture", ""),
+                                   "families": [r.get("architecture", "")], "parameter_size": "",
+                                   "quantization_level": "", "tasks": r["tasks"]}})
+    return {"models": models}

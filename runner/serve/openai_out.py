@@ -1,0 +1,146 @@
+"""Finished taskrun jobs → OpenAI response bodies and streaming chunks.
+
+The shapes are those the official ``openai`` Python client parses. Fields OpenAI has and taskrun
+cannot fill truthfully (log-probabilities, Whisper's per-segment decoding statistics) are left
+out rather than made up. ``run_id`` (the run-log id) is added where a header cannot carry it: the
+last chunk of a stream.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from typing import Any
+
+# generate's finish reasons → OpenAI's (a stop sequence is a plain "stop" there)
+FINISH = {"stop": "stop", "length": "length", "stop_sequence": "stop"}
+
+
+def finish_reason(reason: str | None) -> str | None:
+    return None if reason is None else FINISH.get(reason, "stop")
+
+
+def model_name(spec, rec) -> str:
+    return spec.model or (rec.card.name if rec is not None and rec.card is not None else "")
+
+
+def usage(results: list) -> dict:
+    """OpenAI usage from generate results: prompt tokens after the chat template."""
+    prompt = sum(r.input_tokens for r in results)
+    completion = sum(r.output_tokens for r in results)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def completion_body(chat: bool, spec, rec) -> dict:
+    """A chat.completion or text_completion object, one choice per prompt."""
+    results = rec.results
+    if chat:
+        choices = [{"index": i, "message": {"role": "assistant", "content": r.text, "refusal": None},
+                    "finish_reason": finish_reason(r.finish_reason), "logprobs": None}
+                   for i, r in enumerate(results)]
+    else:
+        choices = [{"index": i, "text": r.text, "finish_reason": finish_reason(r.finish_reason),
+                    "logprobs": None} for i, r in enumerate(results)]
+    return {"id": ("chatcmpl-" if chat else "cmpl-") + rec.id,
+            "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+            "model": model_name(spec, rec), "choices": choices, "usage": usage(results),
+            "system_fingerprint": _fingerprint(rec)}
+
+
+def _fingerprint(rec) -> str | None:
+    """The weights' digest: the same fingerprint means the same model (OpenAI's meaning)."""
+    return None if rec.card is None else "fp_" + rec.card.digest.removeprefix("sha256:")[:12]
+
+
+def embeddings_body(spec, rec, encoding_format: str | None) -> dict:
+    """Vectors as float lists, or base64 of little-endian float32 (what OpenAI sends and its
+    client decodes with numpy)."""
+    import numpy as np
+
+    data = []
+    for i, r in enumerate(rec.results):
+        vec = np.asarray(r.vector, dtype="<f4")
+        value: Any = base64.b64encode(vec.tobytes()).decode() if encoding_format == "base64" else vec.tolist()
+        data.append({"object": "embedding", "index": i, "embedding": value})
+    tokens = sum(r.tokens for r in rec.results)
+    return {"object": "list", "data": data, "model": model_name(spec, rec),
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+
+def transcript_body(rec, response_format: str, words: bool, task: str) -> dict | str:
+    """json {"text"}, text, srt, vtt (the CLI's own writers), or verbose_json with segments."""
+    from taskrun.tasks.transcribe import TASK, to_txt
+
+    items = rec.results
+    fmt = response_format or "json"
+    if fmt in ("srt", "vtt"):
+        return TASK.write(items, fmt, None, rec.options)
+    if fmt == "text":
+        return to_txt(items)
+    tr = items[0]
+    if fmt == "json":
+        return {"text": tr.text}
+    segments = [{"id": i, "start": s.start, "end": s.end, "text": s.text} for i, s in enumerate(tr.segments)]
+    body = {"task": task, "language": tr.language, "duration": tr.audio_s, "text": tr.text,
+            "segments": segments}
+    if words:
+        body["words"] = [{"word": w.word, "start": w.start, "end": w.end}
+                         for s in tr.segments for w in (s.words or ())]
+    return body
+
+
+def images_body(rec) -> dict:
+    """Each image as a base64 PNG, with its settings in the PNG's text chunks as the CLI writes them."""
+    from taskrun.tasks.image import png_bytes
+
+    data = []
+    for gen in rec.results:
+        for im in gen.images:
+            png = png_bytes(im.pixels, gen.png_text(im))
+            data.append({"b64_json": base64.b64encode(png).decode(), "revised_prompt": None})
+    return {"created": int(time.time()), "data": data}
+
+
+# --------------------------------------------------------------------------- streaming
+
+
+class CompletionChunks:
+    """The chunks of one streamed chat or text completion, in OpenAI's order: a role chunk
+    (chat), a chunk per piece of text, a finishing chunk per choice, then (with
+    ``stream_options.include_usage``) a usage chunk with no choices."""
+
+    def __init__(self, chat: bool, model: str, include_usage: bool, request_id: str) -> None:
+        self.chat, self.model, self.include_usage = chat, model, include_usage
+        self.id = ("chatcmpl-" if chat else "cmpl-") + request_id
+        self.created = int(time.time())
+
+    def _chunk(self, choices: list, **extra) -> dict:
+        return {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": choices, **extra}
+
+    def start(self) -> list[dict]:
+        if not self.chat:
+            return []
+        delta = {"role": "assistant", "content": ""}
+        return [self._chunk([{"index": 0, "delta": delta, "finish_reason": None, "logprobs": None}])]
+
+    def piece(self, text: str, index: int) -> dict:
+        if self.chat:
+            return self._chunk([{"index": index, "delta": {"content": text}, "finish_reason": None,
+                                 "logprobs": None}])
+        return self._chunk([{"index": index, "text": text, "finish_reason": None, "logprobs": None}])
+
+    def end(self, rec) -> list[dict]:
+        """The finishing chunks, the last one carrying the run id."""
+        results = rec.results
+        out = []
+        for i, r in enumerate(results):
+            reason = finish_reason(r.finish_reason)
+            choice = {"index": i, "delta": {}, "finish_reason": reason, "logprobs": None} if self.chat \
+                else {"index": i, "text": "", "finish_reason": reason, "logprobs": None}
+            out.append(self._chunk([choice]))
+        if self.include_usage:
+            out.append(self._chunk([], usage=usage(results)))
+        if out:
+            out[-1]["run_id"] = rec.id
+        return out

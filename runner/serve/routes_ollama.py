@@ -1,0 +1,84 @@
+"""The Ollama-compatible endpoints: /api/tags, /api/generate, /api/chat, /api/embed.
+
+As Ollama does, generate and chat stream NDJSON unless the body says ``"stream": false``; the
+last object has ``done: true``, ``done_reason`` and the timings (and ``run_id``, which a
+header cannot carry once a stream has started).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from fastapi import FastAPI
+from starlette.requests import Request
+
+from taskrun.runner.jobspec import Uploads
+from taskrun.runner.serve import ollama_api as ol
+from taskrun.runner.serve.errors import APIError
+from taskrun.runner.serve.httpio import answer, json_body, ndjson, opened, release
+from taskrun.runner.serve.routes_openai import embed
+from taskrun.tasks import events as ev
+
+
+def register(app: FastAPI, service) -> None:
+    @app.get("/api/tags")
+    async def tags():
+        return ol.tags_body(await asyncio.to_thread(service.catalogue.rows))
+
+    @app.post("/api/generate")
+    async def generate(request: Request):
+        return await _text(service, request, chat=False)
+
+    @app.post("/api/chat")
+    async def chat(request: Request):
+        return await _text(service, request, chat=True)
+
+    @app.post("/api/embed")
+    async def embed_endpoint(request: Request):
+        t0 = time.perf_counter()
+        body = await json_body(request)
+        spec = ol.embed_spec(body)
+        rec, run_id = await embed(service, spec, request)
+        if body.get("truncate") is False and any(r.truncated for r in rec.results):
+            raise APIError(400, "an input is longer than the model's context window; shorten it or "
+                                "leave truncate on", param="input")
+        return answer(ol.embed_body(spec.model, rec, time.perf_counter() - t0), run_id)
+
+
+async def _text(service, request: Request, chat: bool):
+    t0 = time.perf_counter()
+    body = await json_body(request)
+    uploads = Uploads()
+    running, streaming = None, False
+    try:
+        spec = ol.chat_spec(body, uploads) if chat else ol.generate_spec(body, uploads)
+        streamed = body.get("stream", True) is not False
+        running = await service.start(spec, request, stream=streamed)
+        if not streamed:
+            rec = await running.result()
+            text = rec.results[0].text if rec.results else ""
+            return answer(ol.final_line(chat, spec.model, rec, time.perf_counter() - t0, text), rec.id)
+        events = await opened(running)
+        streaming = True
+    finally:
+        if not streaming:
+            release(uploads, running)
+
+    def close():
+        running.cancel()
+        release(uploads, running)
+
+    return ndjson(_lines(chat, spec.model, running, events, t0), close)
+
+
+async def _lines(chat: bool, model: str, running, events, t0: float):
+    async for event in events:
+        if isinstance(event, ev.Token):
+            yield ol.text_line(chat, model, event.text)
+    try:
+        rec = await running.result()
+    except APIError as exc:
+        yield {**exc.body(), "run_id": getattr(exc, "run_id", None)}
+        return
+    yield ol.final_line(chat, model, rec, time.perf_counter() - t0)

@@ -1,0 +1,139 @@
+"""The server's state and the one path every endpoint runs a job through.
+
+``Service.start`` checks the model (404 for one this server does not have), puts the job on
+that model's worker (503 when its queue is full), forwards the job's events to an asyncio queue
+when the endpoint streams, and watches the client: a client that goes away cancels its job.
+``Running.result`` is the finished JobRecord, or an APIError carrying the run id; metrics are
+recorded here, once per job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from taskrun.runner.jobspec import JobSpec
+from taskrun.runner.serve.catalogue import Catalogue
+from taskrun.runner.serve.errors import APIError, from_task_error
+from taskrun.runner.serve.metrics import ServerMetrics
+from taskrun.runner.serve.settings import Settings
+from taskrun.runner.serve.workers import LoadGate, ServerJob, Workers
+from taskrun.tasks.base import TaskError
+
+log = logging.getLogger("taskrun.serve")
+_END = object()
+DISCONNECT_POLL_S = 0.05
+
+
+class InternalError(APIError):
+    """A failure that is not the client's: its traceback goes to the server log, never to the client."""
+
+    def __init__(self) -> None:
+        super().__init__(500, "internal error (see the server log)", type="server_error")
+
+
+class Running:
+    """A job on its way: its events (when streamed) and its record."""
+
+    def __init__(self, service: Service, job: ServerJob, model: str, future: asyncio.Future,
+                 events: asyncio.Queue | None) -> None:
+        self.service, self.job, self.model, self.future, self.queue = service, job, model, future, events
+        # A stream closed early never asks for the outcome: mark it seen (it is in the run log).
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())
+        if events is not None:
+            future.add_done_callback(lambda _: events.put_nowait(_END))
+
+    @property
+    def run_id(self) -> str | None:
+        return self.job.run_id
+
+    async def events(self) -> AsyncIterator[Any]:
+        """The job's events as they happen, until it ends (then ``result()`` says how)."""
+        assert self.queue is not None, "start(..., stream=True) to receive events"
+        while True:
+            event = await self.queue.get()
+            if event is _END:
+                return
+            yield event
+
+    async def result(self):
+        """The JobRecord; APIError (with ``run_id`` set) for a job that failed."""
+        try:
+            return await asyncio.shield(self.future)
+        except APIError as exc:
+            exc.run_id = self.run_id
+            raise
+        except TaskError as exc:
+            err = from_task_error(exc)
+            err.run_id = self.run_id
+            raise err from None
+
+    def cancel(self) -> None:
+        self.job.cancel()
+
+
+class Service:
+    """What one app holds: its settings, metrics, model workers, catalogue, run log and batcher."""
+
+    def __init__(self, settings: Settings) -> None:
+        from taskrun.runner.runlog import RunLog
+
+        self.settings = settings
+        self.metrics = ServerMetrics()
+        self.workers = Workers(settings.max_queue)
+        self.catalogue = Catalogue(settings.preload)
+        self.log = RunLog(settings.log_db)
+        self.preload_state: dict[str, str] = {m: "loading" for m in settings.preload}
+        self.batcher = None  # an EmbedBatcher when batching is on (app.py sets it)
+        self.loads = LoadGate()
+
+    async def model_for(self, spec: JobSpec) -> str:
+        kind = spec.inputs[0].kind if spec.inputs else None
+        return await asyncio.to_thread(self.catalogue.model_for, spec.task, spec.model, kind)
+
+    async def start(self, spec: JobSpec, request=None, *, stream: bool = False) -> Running:
+        """Queue ``spec`` on its model's worker; with ``request``, a client that disconnects
+        cancels it. Raises APIError (404, 400, 503) before anything runs."""
+        model = await self.model_for(spec)
+        spec.model = model
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue | None = asyncio.Queue() if stream else None
+        job = ServerJob(spec, self.log, loop, queue.put_nowait if queue is not None else None,
+                        self.settings.device, self.settings.dtype, self.loads)
+        worker = self.workers.get(model)
+        worker.admit()  # 503 when the queue is full
+        future = asyncio.ensure_future(self._execute(worker, job, model))
+        if request is not None:
+            watcher = asyncio.ensure_future(_watch(request, job))
+            future.add_done_callback(lambda _: watcher.cancel())
+        return Running(self, job, model, future, queue)
+
+    async def _execute(self, worker, job: ServerJob, model: str):
+        task = job.spec.task
+        try:
+            rec = await worker.run(job.execute)
+        except TaskError:
+            self.metrics.job(task, model, "failed", job.queue_wait_s)
+            raise
+        except Exception:
+            log.exception("job %s (%s on %s) failed", job.run_id, task, model)
+            self.metrics.job(task, model, "failed", job.queue_wait_s)
+            raise InternalError() from None
+        self.metrics.job(task, model, rec.status, job.queue_wait_s, rec)
+        return rec
+
+    async def run(self, spec: JobSpec, request=None):
+        """Run ``spec`` to the end → JobRecord (APIError for a job that failed)."""
+        running = await self.start(spec, request)
+        return await running.result()
+
+
+async def _watch(request, job: ServerJob) -> None:
+    """Cancel ``job`` when its client disconnects."""
+    while True:
+        await asyncio.sleep(DISCONNECT_POLL_S)
+        if await request.is_disconnected():
+            job.cancel()
+            return
