@@ -56,6 +56,9 @@ bench: install
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/bench_image.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/bench_transcribe.py --memory
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/bench_generate.py
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/bench_serve.py
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/bench_batch.py
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/bench_search_index.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
