@@ -170,7 +170,7 @@ def _joined(entry: dict, name: str) -> Path | None:
     size = sum(p.stat().st_size for p in parts)
     if not (target.exists() and target.stat().st_size == size):
         target_dir.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_suffix(".tmp")
+        tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")  # processes joining at once must not share one
         with open(tmp, "wb") as out:
             for p in parts:
                 with open(p, "rb") as f:
