@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+import os
 import sys
 import threading
 import types
@@ -22,6 +23,11 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from taskrun.tasks.base import ModelCard, TaskError
+
+# onnxruntime (faster-whisper's VAD, the language detector) otherwise writes a device id and a
+# telemetry database under ~/.cache/Microsoft/DeveloperTools on every session it creates: state
+# in the user's home that taskrun never announced. Set ORT_DISABLE_TELEMETRY=0 to allow it.
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 
 __all__ = ["RUNTIMES", "Runtime", "cache_info", "cached_model", "clear_cache", "load_pipeline", "load_symbol",
            "memory_budget", "runtimes_for", "set_memory_budget"]

@@ -68,3 +68,17 @@ def test_cli_outputs_are_readable_by_others_and_the_run_log_is_private(umask, tm
     for side in (log.with_name("runs.db-wal"), log.with_name("runs.db-shm")):
         if side.exists():
             assert mode(side) == 0o600
+
+
+def test_onnxruntime_writes_nothing_into_home(tmp_path):
+    """faster-whisper's VAD runs on onnxruntime, which by default keeps a device id and a telemetry
+    database under ~/.cache/Microsoft; importing taskrun's pipelines turns that off."""
+    import subprocess
+    import sys
+
+    home = tmp_path / "home"
+    home.mkdir()
+    code = "import taskrun.pipelines\nfrom faster_whisper.vad import get_vad_model\nget_vad_model()\n"
+    env = {k: v for k, v in os.environ.items() if k != "ORT_DISABLE_TELEMETRY"}
+    subprocess.run([sys.executable, "-c", code], env={**env, "HOME": str(home)}, check=True, timeout=120)
+    assert list(home.rglob("*")) == []
