@@ -116,7 +116,9 @@ class LoadGate:
     two threads break each other ("Cannot copy out of meta tensor"). The first job of each
     (model, task, runtime) holds the gate until its first event (its model is loaded by then) or
     its end; warm ones never wait for it, so jobs of different models still run side by side.
-    The load's time stays in that job's own load_s."""
+    The load's time stays in that job's own load_s. The model cache serialises the loads that go
+    through it too (taskrun.pipelines._LOAD_LOCK); this gate also covers whatever a first job
+    builds outside that cache while it sets up."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
