@@ -94,6 +94,7 @@ def ray_session():
 
     home_before = ray_named_in_home()
     temp = start_local(num_cpus=2)
+    assert Path(temp).stat().st_mode & 0o077 == 0, "Ray's session folder is open to other users"
     yield
     stop_local(temp)
     assert not Path(temp).exists()

@@ -6,11 +6,12 @@ Memory is bounded by the window (``WINDOW`` items planned at a time, and for bat
 input are kept, to refuse duplicates and to skip what is done).
 
 The pool: torch and CTranslate2 already use every core for one job, so a pool only pays where a
-job leaves cores idle. Whisper on short clips is one such case (its decoder runs token by token),
-measured on 2 cores with whisper-tiny.en on 3 s clips: 2 processes of 1 thread finished 8 clips
-in 4.4 s against 5.9 s for one process of 2 threads (1.35×; benchmarks/bench_batch.py measures
-it again). So ``--workers auto`` starts a pool, one process per core, when the batch holds
-transcribe items (at least ``POOL_MIN_ITEMS``), and none otherwise; ``--workers N`` asks for one.
+job leaves cores idle. Whisper on short clips is one such case (its decoder runs token by token):
+on 2 cores with whisper-tiny.en, 2 processes of 1 thread ran 20 clips of 3 s in 15.8-16.6 s
+against 18.9-22.4 s for one process of 2 threads, start-up included (1.1-1.35×; no gain while
+other programs held the cores; benchmarks/bench_batch.py measures it again). So ``--workers
+auto`` starts a pool, one process per core, when the batch holds transcribe items (at least
+``POOL_MIN_ITEMS``), and none otherwise; ``--workers N`` asks for one.
 Each pool process loads its own copy of the model.
 """
 

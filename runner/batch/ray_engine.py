@@ -16,7 +16,8 @@ A local cluster started here stays private: 127.0.0.1 only (``RAY_ENABLE_WINDOWS
 makes Ray 2.60 pick the loopback address as the node's address, where it otherwise picks the
 machine's routable one; ``_node_ip_address`` says the same), no dashboard, no auth token written
 under $HOME (``RAY_AUTH_MODE=disabled``; the cluster is reachable from this machine only), no usage
-statistics sent, and its session files in a private temporary folder that is removed afterwards.
+statistics sent, and its session files in a temporary folder only this user can open (Ray makes
+it 0777; set back to 0700), removed afterwards.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ def start_local(num_cpus: int | None = None) -> str:
     ray.init(num_cpus=num_cpus or cpu_threads(), include_dashboard=False, _temp_dir=temp,
              _node_ip_address="127.0.0.1", log_to_driver=False, logging_level="WARNING",
              configure_logging=True)
+    os.chmod(temp, 0o700)  # Ray opens its temp folder to everyone (0777); its sockets are in it
     _quiet_data()
     return temp
 
