@@ -57,6 +57,16 @@ def release(uploads: Uploads | None, running=None) -> None:
         running.future.add_done_callback(lambda _: uploads.close())
 
 
+def on_close(running, uploads: Uploads | None) -> Callable[[], None]:
+    """What a stream does when it ends or its client leaves: cancel the job (it stops at its next
+    event) and release the request's files once the job is done with them."""
+    def close() -> None:
+        running.cancel()
+        release(uploads, running)
+
+    return close
+
+
 async def opened(running) -> AsyncIterator[Any]:
     """The job's events, once the first has come: a job that ended without any raises its
     error here, before a stream is answered."""

@@ -16,7 +16,7 @@ from starlette.requests import Request
 
 from taskrun.runner.jobspec import JobSpec, Uploads, job_from_native
 from taskrun.runner.serve.errors import APIError, from_task_error, invalid
-from taskrun.runner.serve.httpio import answer, json_body, ndjson, opened, release
+from taskrun.runner.serve.httpio import answer, json_body, ndjson, on_close, opened, release
 from taskrun.runner.serve.openai_api import MAX_INPUTS, MAX_TEXT_CHARS
 from taskrun.runner.serve.wire import collect_files, done_line, error_line, event_to_wire, scrub
 from taskrun.tasks import REGISTRY
@@ -46,11 +46,7 @@ def register(app: FastAPI, service) -> None:
             if not streaming:
                 release(uploads, running)
 
-        def close():
-            running.cancel()
-            release(uploads, running)
-
-        return ndjson(_lines(spec, running, events, uploads), close)
+        return ndjson(_lines(spec, running, events, uploads), on_close(running, uploads))
 
 
 async def _lines(spec: JobSpec, running, events, uploads: Uploads):

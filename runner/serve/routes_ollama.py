@@ -16,7 +16,7 @@ from starlette.requests import Request
 from taskrun.runner.jobspec import Uploads
 from taskrun.runner.serve import ollama_api as ol
 from taskrun.runner.serve.errors import APIError
-from taskrun.runner.serve.httpio import answer, json_body, ndjson, opened, release
+from taskrun.runner.serve.httpio import answer, json_body, ndjson, on_close, opened, release
 from taskrun.runner.serve.routes_openai import embed
 from taskrun.tasks import events as ev
 
@@ -65,11 +65,7 @@ async def _text(service, request: Request, chat: bool):
         if not streaming:
             release(uploads, running)
 
-    def close():
-        running.cancel()
-        release(uploads, running)
-
-    return ndjson(_lines(chat, spec.model, running, events, t0), close)
+    return ndjson(_lines(chat, spec.model, running, events, t0), on_close(running, uploads))
 
 
 async def _lines(chat: bool, model: str, running, events, t0: float):

@@ -15,7 +15,7 @@ from starlette.requests import Request
 from taskrun.runner.jobspec import Uploads
 from taskrun.runner.serve import openai_api as oa
 from taskrun.runner.serve.errors import APIError
-from taskrun.runner.serve.httpio import answer, json_body, opened, release, sse
+from taskrun.runner.serve.httpio import answer, json_body, on_close, opened, release, sse
 from taskrun.runner.serve.openai_out import CompletionChunks
 from taskrun.tasks import events as ev
 
@@ -126,11 +126,7 @@ async def completion(service, request: Request, path: str):
     include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
     chunks = CompletionChunks(path == oa.CHAT, spec.model, include_usage, uuid.uuid4().hex[:24])
 
-    def close():
-        running.cancel()
-        release(uploads, running)
-
-    return sse(_completion_chunks(running, events, chunks), close)
+    return sse(_completion_chunks(running, events, chunks), on_close(running, uploads))
 
 
 async def _completion_chunks(running, events, chunks: CompletionChunks):
