@@ -17,7 +17,7 @@ def gather_inputs(task: Task, args: tuple[str, ...], files: tuple[str, ...]) -> 
     takes_text = "text" in task.input_kinds
     for i, arg in enumerate(args, 1):
         p = Path(arg)
-        if _is_path(arg):
+        if is_path(arg):
             out += _path_inputs(task, p)
         elif takes_text:
             out.append(text_input(arg, f"argument {i}"))
@@ -38,7 +38,7 @@ def gather_inputs(task: Task, args: tuple[str, ...], files: tuple[str, ...]) -> 
     return out
 
 
-def _is_path(arg: str) -> bool:
+def is_path(arg: str) -> bool:
     """An argument names a file when one exists by that name; a long sentence is not a name."""
     if not arg or "\n" in arg or len(arg) > 4096:
         return False

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from taskrun.runner.inputs import is_path, options_from
 from taskrun.tasks import get_task
 from taskrun.tasks.base import Input, TaskError
 from taskrun.tasks.inputs import file_input, text_input
@@ -92,7 +93,7 @@ def native_inputs(value: Any, *, uploads: Uploads | None, allow_paths: bool) -> 
     for i, item in enumerate(items, 1):
         where = f"input {i}" if len(items) > 1 else "input"
         if isinstance(item, str):
-            if allow_paths and _existing_file(item):
+            if allow_paths and is_path(item):
                 out.append(file_input(item))
             else:
                 out.append(text_input(item, where))
@@ -111,15 +112,6 @@ def native_inputs(value: Any, *, uploads: Uploads | None, allow_paths: bool) -> 
             raise TaskError(f'{where} must be a text, {{"text": ...}} or {{"data": <base64>, "name": ...}}'
                             + (' or {"path": ...}' if allow_paths else ""))
     return out
-
-
-def _existing_file(s: str) -> bool:
-    if not s or "\n" in s or len(s) > 4096:
-        return False
-    try:
-        return Path(s).is_file()
-    except OSError:
-        return False
 
 
 def job_from_native(task: str, body: dict, *, uploads: Uploads | None = None,
@@ -161,7 +153,6 @@ def path_options(task: str) -> set[str]:
 def run_spec(spec: JobSpec, *, log=None, on_event: Callable[[Any], None] | None = None,
              device: str = "auto", dtype: str = "auto", offline: bool = False):
     """Run a JobSpec through ``run_job`` (checks, model cache, run log, metrics) → JobRecord."""
-    from taskrun.runner.inputs import options_from
     from taskrun.runner.jobs import run_job
 
     task = get_task(spec.task)
