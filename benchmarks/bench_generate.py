@@ -1,14 +1,29 @@
-"""generate: taskrun's default decode path against plain transformers `generate` (float32, default
-settings) on SmolLM2-135M, same prompt (~120 tokens), same process, runs interleaved.
+"""generate on SmolLM2-135M-Instruct (the packaged Q4_1 GGUF): taskrun's default runtime against
+plain transformers `generate` and llama.cpp direct, same prompt (~120 tokens), same threads.
 
-Reports TTFT (call → first new token, model already loaded) and decode tokens/s (tokens after the
-first ÷ their time) for each, the ratios, and the decode ceiling of each dtype: bytes of weights
-read per token ÷ the memory bandwidth measured in this run (a large tensor sum). Also: top-1
-agreement of the default (float16 weights) with float32, and the thread settings beside a busy neighbour.
+Paths (each measured in its own child process, so peak RSS is each one's own; rounds interleave
+the paths, so a noisy neighbour hits them alike):
+  taskrun_default       what `run generate` uses: the llama.cpp engine when llama-cpp-python is installed
+  taskrun_transformers  `--runtime transformers`: the lean torch decoder on float16 weights (the former default)
+  plain_fp32_generate   transformers `model.generate`, float32, the GGUF converted once
+  llamacpp_generate     llama-cpp-python direct, `Llama.generate` (token loop, greedy, no text handling)
+  llamacpp_completion   llama-cpp-python direct, `Llama.create_completion(stream=True)` (what users call)
+  llamacpp_generate_1t  as llamacpp_generate with one prompt thread (ggml's spinning barrier makes two
+                        threads slow beside busy neighbours; taskrun picks the count per prompt)
+The ratios ×lc compare with the best llama.cpp direct variant of each measure (decode, TTFT).
+Each child loads its model, runs one warm-up answer on another prompt, then ``--reps`` answers on a
+fresh KV state (llama-cpp-python's prompt cache is reset, so no prompt is ever reused).
 
-    python benchmarks/bench_generate.py [--quick]
+Reported per path: load_s, TTFT (call → first new token), prefill tok/s (prompt tokens ÷ TTFT),
+decode tok/s (tokens after the first ÷ their time), peak RSS. Also: the cold first run of
+`run generate "Hi" --max-tokens 8` on a fresh cache (wall and peak RSS by /usr/bin/time, against
+a bare `import torch`), and the quality guard: teacher-forced top-1 agreement of the default
+path's next token with the float32 transformers model of the same weights on a 120-token text.
 
-Writes benchmarks/results/generate.json. The machine may be shared: compare ratios, not absolutes.
+    python benchmarks/bench_generate.py [--quick] [--rounds N] [--reps N] [--tokens N]
+
+Writes benchmarks/results/generate.json. llama-cpp-python built as `make install` builds it
+(GGML_NATIVE=OFF, AVX/AVX2/FMA/F16C, no OpenMP). The machine may be shared: read the ratios.
 """
 
 from __future__ import annotations
@@ -16,9 +31,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,231 +43,297 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from taskrun.pipelines.device import configure_threads  # noqa: E402
-
-configure_threads()  # OMP_WAIT_POLICY=PASSIVE before torch loads, as the runner does
-
-import torch  # noqa: E402
-
 PROMPT = ("Write a long, detailed story about a young astronomer named Mira who builds her own "
           "telescope from a cardboard tube, two old lenses and a broom handle. Describe how she grinds "
           "the lenses, how she aligns them, the first night she points it at the Moon, what the craters "
           "look like, how she finds Jupiter and its four bright moons, and how she keeps a notebook of "
           "everything she sees. End with Mira showing the telescope to her grandmother.")
+# the warm-up answer: another long prompt, so one-time work (the llama.cpp engine's float16
+# prompt copy, made once per file into the cache) is done before the timed answers; cold_start times it
+WARMUP = ("Describe, step by step and in plain words, how a bicycle gear system works: the chainring, "
+          "the cassette, the derailleurs, how the chain moves between sprockets, why low gears help on "
+          "hills, how to shift smoothly under load, and what to check when the chain skips or rubs. "
+          "Finish with three tips for keeping the drivetrain clean through a wet winter of commuting.")
+PATHS = ("taskrun_default", "taskrun_transformers", "plain_fp32_generate", "llamacpp_generate",
+         "llamacpp_completion", "llamacpp_generate_1t")
+DIRECT = ("llamacpp_generate", "llamacpp_completion", "llamacpp_generate_1t")
 
 
-def bandwidth_gbs(reps: int = 5) -> float:
-    """Weight-streaming bandwidth: a 512 MiB float32 sum, best of ``reps`` (GB/s)."""
-    big = torch.ones(128 * 1024 * 1024)
-    best = 0.0
-    for _ in range(reps):
-        t = time.perf_counter()
-        big.sum()
-        best = max(best, big.numel() * 4 / (time.perf_counter() - t) / 1e9)
-    del big
-    return best
+def threads() -> tuple[int, int]:
+    """(decode, prompt) threads: what taskrun uses (pipelines/device.py), given to every path."""
+    from taskrun.pipelines.device import cpu_threads
+
+    return int(os.environ.get("TASKRUN_DECODE_THREADS", "1")), cpu_threads()
 
 
-def weight_params(model) -> int:
-    """Parameters read per decoded token: every linear layer and the LM head (the embedding
-    table is read one row per token, so it is left out unless it is tied to the head)."""
-    n = sum(m.weight.numel() for name, m in model.named_modules()
-            if isinstance(m, torch.nn.Linear) and name != "lm_head")
-    return n + model.lm_head.weight.numel()
+# --------------------------------------------------------------------------- one path, in a child
 
 
-class FirstTokenTimer:
-    """A transformers streamer that only timestamps each new token (put is called with the
-    prompt first, then once per generated token)."""
-
-    def __init__(self):
-        self.times, self.calls = [], 0
-
-    def put(self, value):
-        self.calls += 1
-        if self.calls > 1:
-            self.times.append(time.perf_counter())
-
-    def end(self):
-        pass
-
-
-def run_plain(model, tok, n):
-    msgs = [{"role": "user", "content": PROMPT}]
-    enc = tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt", return_dict=True)
-    timer = FirstTokenTimer()
-    t0 = time.perf_counter()
-    with torch.inference_mode():
-        out = model.generate(**enc, max_new_tokens=n, streamer=timer)
-    k = out.shape[1] - enc["input_ids"].shape[1]
-    ts = timer.times
-    return {"ttft_s": ts[0] - t0, "decode_tokens_per_s": (len(ts) - 1) / (ts[-1] - ts[0]) if len(ts) > 1 else 0.0,
-            "tokens": k, "input_tokens": int(enc["input_ids"].shape[1]), "token_ids": out[0, -k:].tolist()}
-
-
-def run_taskrun(llm, n):
+def _taskrun(runtime: str | None):
+    from taskrun.models.resolve import resolve
+    from taskrun.pipelines import RUNTIMES, load_symbol
     from taskrun.pipelines.llm.decode import Decoded
     from taskrun.pipelines.llm.sampling import Sampling
     from taskrun.tasks.clock import Clock
 
-    ids = llm.prompt_ids(PROMPT)
-    out = Decoded()
-    clock = Clock()  # started at the call, like the plain run's t0
-    for _ in llm.stream(ids, Sampling(max_tokens=n), clock, out):
-        pass
-    return {"ttft_s": out.first_token_at, "decode_tokens_per_s": out.decode_tokens_per_s,
-            "tokens": len(out.token_ids), "input_tokens": len(ids), "token_ids": out.token_ids}
+    card = resolve("smollm2-135m")
+    rt = runtime or card.runtime
+    llm = load_symbol(RUNTIMES[("generate", rt)].engine).load(card, "cpu", "auto")
+
+    def run(prompt: str, n: int) -> dict:
+        ids = llm.prompt_ids(prompt)
+        out, clock = Decoded(), Clock()  # started at the call
+        for _ in llm.stream(ids, Sampling(max_tokens=n), clock, out):
+            pass
+        return {"ttft_s": out.first_token_at, "decode_tokens_per_s": out.decode_tokens_per_s,
+                "tokens": len(out.token_ids), "input_tokens": len(ids), "token_ids": out.token_ids}
+    return run, {"runtime": rt, "dtype": llm.dtype}
 
 
-def top1_agreement(ref_model, llm, text_ids) -> float:
-    """Share of positions of a text where the lean decoder's next-token argmax equals float32
-    transformers' (teacher-forced, so one disagreement does not derail the rest)."""
-    with torch.inference_mode():
-        ref = ref_model(torch.tensor([text_ids])).logits[0].argmax(-1).tolist()
-    f = llm.fast
-    f.reset()
-    got = [int(f.forward(torch.tensor([t])).argmax()) for t in text_ids]
-    return sum(a == b for a, b in zip(got, ref)) / len(ref)
+def _plain():
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from taskrun.models.resolve import resolve
+    from taskrun.pipelines.llm.gguf_convert import ensure_converted
+
+    folder = ensure_converted(resolve("smollm2-135m"))
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(folder)
+
+    class Stamps:  # a streamer that timestamps each new token (put: the prompt first, then one per token)
+        def __init__(self):
+            self.times, self.calls = [], 0
+
+        def put(self, value):
+            self.calls += 1
+            if self.calls > 1:
+                self.times.append(time.perf_counter())
+
+        def end(self):
+            pass
+
+    def run(prompt: str, n: int) -> dict:
+        enc = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                      return_tensors="pt", return_dict=True)
+        s, t0 = Stamps(), time.perf_counter()
+        with torch.inference_mode():
+            out = model.generate(**enc, max_new_tokens=n, do_sample=False, streamer=s)
+        k = out.shape[1] - enc["input_ids"].shape[1]
+        ts = s.times
+        return {"ttft_s": ts[0] - t0, "decode_tokens_per_s": (len(ts) - 1) / (ts[-1] - ts[0]) if len(ts) > 1 else 0,
+                "tokens": k, "input_tokens": int(enc["input_ids"].shape[1]), "token_ids": out[0, -k:].tolist()}
+    return run, {"runtime": "transformers generate", "dtype": "float32"}
 
 
-def neighbour_child(n: int) -> None:
-    """One measurement in a fresh process (the wait policy is read when torch loads)."""
-    from taskrun.pipelines.llm.hf_engine import TransformersLLM
+def _direct(completion: bool, prompt_threads: int = 0):
+    from llama_cpp import Llama
+
+    from taskrun.models.gguf import gguf_file
     from taskrun.models.resolve import resolve
 
-    llm = TransformersLLM.load(resolve("smollm2-135m"), "cpu", "auto")
-    run_taskrun(llm, 8)  # warm-up
-    r = run_taskrun(llm, n)
-    print(json.dumps({"decode_tokens_per_s": r["decode_tokens_per_s"], "ttft_s": r["ttft_s"],
-                      "threads": torch.get_num_threads(), "policy": os.environ.get("OMP_WAIT_POLICY")}))
+    card = resolve("smollm2-135m")
+    dec, pre = threads()
+    pre = prompt_threads or pre
+    llm = Llama(str(gguf_file(card)), n_ctx=2048, n_threads=dec, n_threads_batch=pre, verbose=False)
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    # the prompt as taskrun builds it: the GGUF's template, rendered the same way, same token ids
+    vocab = llm._model
+    fmt = Jinja2ChatFormatter(llm.metadata["tokenizer.chat_template"], eos_token=vocab.token_get_text(
+        vocab.token_eos()), bos_token=vocab.token_get_text(vocab.token_bos()))
+
+    def ids_of(prompt: str) -> list[int]:
+        text = fmt(messages=[{"role": "user", "content": prompt}]).prompt
+        return llm.tokenize(text.encode(), add_bos=False, special=True)
+
+    def run(prompt: str, n: int) -> dict:
+        ids, times, got = ids_of(prompt), [], []
+        llm.reset()  # a fresh prompt: nothing reused from the previous call's KV cache
+        t0 = time.perf_counter()
+        if completion:
+            for chunk in llm.create_completion(ids, max_tokens=n, temperature=0.0, stream=True):
+                times.append(time.perf_counter())
+        else:
+            for tok in llm.generate(ids, temp=0.0, top_k=1):
+                times.append(time.perf_counter())
+                got.append(tok)
+                if len(got) >= n or llm.token_eos() == tok:
+                    break
+        return {"ttft_s": times[0] - t0,
+                "decode_tokens_per_s": (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0,
+                "tokens": len(times), "input_tokens": len(ids), "token_ids": got}
+    return run, {"runtime": "llama-cpp-python " + ("create_completion" if completion else "generate"),
+                 "dtype": "q4_1"}
 
 
-def neighbour_matrix(n: int) -> list[dict]:
-    """taskrun's default path without and beside a busy Python loop, under: what the runner sets
-    (OMP_WAIT_POLICY unset, so configure_threads makes it PASSIVE), the OpenMP library's own
-    default (set to empty, which configure_threads leaves alone), spinning threads (ACTIVE), and
-    the runner's setting with one thread."""
-    rows = []
-    settings = [("runner (PASSIVE)", None, None), ("library default", "", None), ("ACTIVE", "ACTIVE", None),
-                ("runner, 1 thread", None, "1")]
-    for busy in (False, True):
-        hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
-        try:
-            for label, policy, threads in settings:
-                env = dict(os.environ)
-                env.pop("OMP_WAIT_POLICY", None)
-                env.pop("TASKRUN_THREADS", None)
-                if policy is not None:
-                    env["OMP_WAIT_POLICY"] = policy
-                if threads:
-                    env["TASKRUN_THREADS"] = threads
-                out = subprocess.run([sys.executable, __file__, "--child", str(n)], env=env,
-                                     capture_output=True, text=True, timeout=300)
-                line = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else "{}"
-                r = json.loads(line) if line.startswith("{") else {"error": out.stderr[-300:]}
-                rows.append({"neighbour": busy, "setting": label, **r})
-        finally:
-            if hog is not None:
-                hog.kill()
-                hog.wait()
-    return rows
+def child(path: str, n: int, reps: int) -> None:
+    """Measure one path in this (fresh) process and print one JSON line."""
+    from taskrun.pipelines.device import configure_threads
+
+    configure_threads()
+    t = time.perf_counter()
+    run, info = {"taskrun_default": lambda: _taskrun(None), "taskrun_transformers": lambda: _taskrun("transformers"),
+                 "plain_fp32_generate": _plain, "llamacpp_generate": lambda: _direct(False),
+                 "llamacpp_completion": lambda: _direct(True),
+                 "llamacpp_generate_1t": lambda: _direct(False, 1)}[path]()
+    load = time.perf_counter() - t
+    run(WARMUP, 4)  # one-time work out of the timed answers
+    rs = [run(PROMPT, n) for _ in range(reps)]
+    med = {k: statistics.median(r[k] for r in rs) for k in ("ttft_s", "decode_tokens_per_s")}
+    print(json.dumps({"path": path, **info, "load_s": load, **med, "input_tokens": rs[0]["input_tokens"],
+                      "tokens": rs[0]["tokens"], "prefill_tokens_per_s": rs[0]["input_tokens"] / med["ttft_s"],
+                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                      "token_ids": rs[0]["token_ids"]}))
+
+
+def run_child(args: list[str], timeout: int = 900) -> dict:
+    out = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, timeout=timeout)
+    lines = [x for x in out.stdout.splitlines() if x.startswith("{")]
+    return json.loads(lines[-1]) if lines else {"error": out.stderr[-400:]}
+
+
+# --------------------------------------------------------------------------- cold start, quality
+
+
+def timed_cmd(cmd: list[str], env: dict) -> dict:
+    """Wall seconds and peak RSS (MB) of a command, by /usr/bin/time -v."""
+    t = time.perf_counter()
+    out = subprocess.run(["/usr/bin/time", "-v", *cmd], capture_output=True, text=True, env=env, timeout=600)
+    wall = time.perf_counter() - t
+    rss = next((int(x.split(":")[1]) / 1024 for x in out.stderr.splitlines() if "Maximum resident" in x), 0.0)
+    noise = [x for x in out.stderr.splitlines() if x and not x.startswith(("\t", "[cut: "))
+             and not x.startswith("Command being timed")]
+    return {"wall_s": wall, "peak_rss_mb": rss, "rc": out.returncode, "stderr_lines": noise[:5]}
+
+
+def cold_start(full: bool) -> dict:
+    """First-ever `run generate ... -q` on a fresh cache against a bare `python -c "import torch"`
+    (the floor every torch-based run pays): "Hi" with 8 tokens on the default runtime (and on
+    transformers unless --quick), and the long prompt. The first run of each makes the prompt copy."""
+    run = str(Path(sys.executable).with_name("run"))
+    res = {"import_torch": timed_cmd([sys.executable, "-c", "import torch"], dict(os.environ))}
+    cases = {"default Hi": ["Hi"], "default long prompt": [PROMPT]}
+    if full:
+        cases["transformers Hi"] = ["Hi", "--runtime", "transformers"]
+    for label, args in cases.items():
+        with tempfile.TemporaryDirectory() as cache:
+            env = dict(os.environ, TASKRUN_CACHE_DIR=cache, TASKRUN_LOG_DB=os.path.join(cache, "runs.db"))
+            res[label] = timed_cmd([run, "generate", *args, "--max-tokens", "8", "-q"], env)
+    base = res["import_torch"]["wall_s"]
+    for v in res.values():
+        v["beyond_torch_import_s"] = v["wall_s"] - base
+    return res
+
+
+def quality(n: int = 120) -> dict:
+    """Teacher-forced top-1 agreement with the float32 transformers model of the same weights."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from taskrun.models.resolve import resolve
+    from taskrun.pipelines import RUNTIMES, load_symbol
+    from taskrun.pipelines.llm.gguf_convert import ensure_converted
+
+    card = resolve("smollm2-135m")
+    llm = load_symbol(RUNTIMES[("generate", card.runtime)].engine).load(card, "cpu", "auto")
+    ids = llm.encode((ROOT / "samples/docs/solar-system.md").read_text())[:n]
+    ref_model = AutoModelForCausalLM.from_pretrained(ensure_converted(card), dtype=torch.float32).eval()
+    with torch.inference_mode():
+        ref = ref_model(torch.tensor([ids])).logits[0].argmax(-1).tolist()
+    got = [int(llm.prefill(ids[:1], room=len(ids)).argmax())]
+    got += [int(llm.decode_step(t).argmax()) for t in ids[1:]]
+    llm.free()
+    agree = sum(a == b for a, b in zip(got, ref)) / len(ref)
+    return {"runtime": card.runtime, "dtype": llm.dtype, "positions": len(ref), "top1_agreement": agree}
+
+
+# --------------------------------------------------------------------------- the report
+
+
+def summarise(rows: dict[str, list[dict]]) -> dict:
+    table = {}
+    for path, rs in rows.items():
+        ok = [r for r in rs if "error" not in r]
+        if not ok:
+            table[path] = {"error": rs[0].get("error", "")}
+            continue
+        row = {k: statistics.median(r[k] for r in ok) for k in
+               ("ttft_s", "decode_tokens_per_s", "prefill_tokens_per_s", "peak_rss_mb", "load_s")}
+        row.update({k: ok[0][k] for k in ("runtime", "dtype", "input_tokens", "tokens")}, samples=len(ok))
+        table[path] = row
+    direct = [table[p] for p in DIRECT if "ttft_s" in table.get(p, {})]
+    if direct:
+        best_decode = max(r["decode_tokens_per_s"] for r in direct)
+        best_ttft = min(r["ttft_s"] for r in direct)
+        for row in table.values():
+            if "ttft_s" in row:
+                row["decode_vs_llamacpp"] = row["decode_tokens_per_s"] / best_decode
+                row["ttft_vs_llamacpp"] = row["ttft_s"] / best_ttft
+    return table
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="fewer tokens and repeats, no neighbour test")
-    ap.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--quick", action="store_true", help="2 rounds, 2 answers each, 32 tokens, no transformers cold run")
+    ap.add_argument("--rounds", type=int, default=0)
+    ap.add_argument("--reps", type=int, default=0)
+    ap.add_argument("--tokens", type=int, default=0)
+    ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    n = args.tokens or (32 if args.quick else 64)
+    reps = args.reps or (2 if args.quick else 3)
     if args.child:
-        neighbour_child(args.child)
+        child(args.child, n, reps)
         return
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from taskrun.pipelines.llm.gguf_convert import ensure_converted
-    from taskrun.pipelines.llm.hf_engine import TransformersLLM
-    from taskrun.models.resolve import resolve
-
-    n, reps = (32, 2) if args.quick else (64, 4)
-    card = resolve("smollm2-135m")
-    folder = ensure_converted(card)
-    t = time.perf_counter()
-    plain = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    plain_tok = AutoTokenizer.from_pretrained(folder)
-    plain_load = time.perf_counter() - t
-    t = time.perf_counter()
-    default = TransformersLLM.load(card, "cpu", "auto")  # what `run generate` uses
-    default_load = time.perf_counter() - t
-    exact = TransformersLLM.load(card, "cpu", "float32")  # the lean decoder, unrounded
-    runs = {"plain_fp32_generate": [], "taskrun_default": [], "taskrun_float32": []}
-    bws = []
-    run_plain(plain, plain_tok, 4), run_taskrun(default, 4), run_taskrun(exact, 4)  # warm-up
-    for _ in range(reps):  # interleaved, so a noisy neighbour hits every variant alike
-        bws.append(bandwidth_gbs(2))
-        runs["plain_fp32_generate"].append(run_plain(plain, plain_tok, n))
-        runs["taskrun_default"].append(run_taskrun(default, n))
-        runs["taskrun_float32"].append(run_taskrun(exact, n))
-    bw = statistics.median(bws)  # under the same contention as the decode runs (medians too)
-    params = weight_params(plain)
-    from taskrun.pipelines.llm.llama_fast import BYTES
-
-    bytes_per_token = {"float32": params * 4, **{k: params * v for k, v in BYTES.items()}}
-    table = {}
-    for name, rs in runs.items():
-        table[name] = {"ttft_s": statistics.median(r["ttft_s"] for r in rs),
-                       "decode_tokens_per_s": statistics.median(r["decode_tokens_per_s"] for r in rs),
-                       "tokens": rs[0]["tokens"], "input_tokens": rs[0]["input_tokens"]}
-    table["plain_fp32_generate"]["dtype"] = "float32"
-    table["taskrun_float32"]["dtype"] = "float32"
-    table["taskrun_default"]["dtype"] = default.dtype
-    for name, row in table.items():
-        ceiling = bw * 1e9 / bytes_per_token.get(row["dtype"], params * 4)
-        row["ceiling_tokens_per_s"] = ceiling
-        row["share_of_ceiling"] = row["decode_tokens_per_s"] / ceiling
-    base = table["plain_fp32_generate"]
-    for row in table.values():
-        row["decode_ratio_vs_plain"] = row["decode_tokens_per_s"] / base["decode_tokens_per_s"]
-        row["ttft_ratio_vs_plain"] = row["ttft_s"] / base["ttft_s"]
-    same_tokens = runs["taskrun_float32"][0]["token_ids"] == runs["plain_fp32_generate"][0]["token_ids"][
-        :len(runs["taskrun_float32"][0]["token_ids"])]
-    text_ids = plain_tok.encode((ROOT / "samples/docs/solar-system.md").read_text())[:120]
-    agreement = top1_agreement(plain, default, text_ids) if default.fast is not None else None
-
-    print(f"SmolLM2-135M, prompt {base['input_tokens']} tokens, {n} new tokens, median of {reps} interleaved "
-          f"runs; torch threads {torch.get_num_threads()}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}")
-    print(f"memory bandwidth (512 MiB sum, median of {len(bws)}): {bw:.1f} GB/s (best {max(bws):.1f}); "
-          f"weights read per token: "
-          f"{params / 1e6:.0f}M params = {bytes_per_token['float32'] / 1e6:.0f} MB float32, "
-          f"{bytes_per_token['float16'] / 1e6:.0f} MB float16, {bytes_per_token['int8'] / 1e6:.0f} MB int8")
-    print(f"{'path':<22}{'dtype':>8}{'ttft_s':>9}{'decode/s':>10}{'×plain':>8}{'ceiling':>9}{'of ceil':>9}")
-    for name, r in table.items():
-        print(f"{name:<22}{r['dtype']:>8}{r['ttft_s']:>9.3f}{r['decode_tokens_per_s']:>10.1f}"
-              f"{r['decode_ratio_vs_plain']:>8.2f}{r['ceiling_tokens_per_s']:>9.1f}{r['share_of_ceiling']:>9.0%}")
-    print(f"load (model already converted): plain from_pretrained {plain_load:.2f} s, taskrun default "
-          f"{default_load:.2f} s (includes packing the {default.dtype} weights)")
-    print(f"taskrun float32 greedy tokens identical to plain generate: {same_tokens}")
-    if agreement is not None:
-        print(f"{default.dtype} default vs float32, teacher-forced top-1 agreement on {len(text_ids)} "
-              f"tokens: {agreement:.1%}")
-    neighbour = [] if args.quick else neighbour_matrix(24)
-    if neighbour:
-        print("beside a busy neighbour (python busy loop), taskrun default path, 24 tokens, fresh process each:")
-    for r in neighbour:
-        print(f"  neighbour={'busy' if r['neighbour'] else 'none':<5} {r['setting']:<18} "
-              f"threads={r.get('threads', '?')} policy={r.get('policy')!s:<8} "
-              f"decode/s={r.get('decode_tokens_per_s', float('nan')):6.1f} ttft_s={r.get('ttft_s', float('nan')):.3f}")
-    load = os.getloadavg()
-    print(f"load average during the run: {load[0]:.1f} (machine shared with other engineers: "
-          f"absolute numbers are noisy, ratios are measured interleaved)")
-    result = {"model": card.name, "digest": card.digest, "new_tokens": n, "repeats": reps,
-              "bandwidth_gbs": bw, "bandwidth_samples_gbs": bws, "weight_params": params, "bytes_per_token": bytes_per_token,
-              "paths": table, "float32_tokens_identical": same_tokens, "default_top1_agreement": agreement,
-              "load_s": {"plain": plain_load, "taskrun_default": default_load},
-              "neighbour": neighbour, "loadavg_1min": load[0], "threads": torch.get_num_threads(),
-              "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "quick": args.quick}
+    rounds = args.rounds or (2 if args.quick else 3)
+    rows: dict[str, list[dict]] = {p: [] for p in PATHS}
+    for _ in range(rounds):  # interleaved: every path once per round
+        for p in PATHS:
+            rows[p].append(run_child(["--child", p, "--tokens", str(n), "--reps", str(reps)]))
+    table = summarise(rows)
+    cold = cold_start(not args.quick)
+    guard = run_child_quality()
+    report(table, cold, guard, n, rounds, reps)
+    same = {p: rows[p][0].get("token_ids") == rows["taskrun_default"][0].get("token_ids") for p in PATHS}
+    result = {"model": "smollm2-135m", "new_tokens": n, "rounds": rounds, "reps": reps, "threads": threads(),
+              "paths": table, "greedy_tokens_equal_to_default": same, "cold_start": cold, "quality": guard,
+              "loadavg_1min": os.getloadavg()[0], "quick": args.quick}
     out = ROOT / "benchmarks" / "results" / "generate.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     print(f"wrote {out.relative_to(ROOT)}")
+
+
+def run_child_quality() -> dict:
+    out = subprocess.run([sys.executable, "-c", f"import sys, json; sys.path.insert(0, {str(ROOT)!r}); "
+                          f"from benchmarks.bench_generate import quality; print(json.dumps(quality()))"],
+                         capture_output=True, text=True, timeout=900, cwd=str(ROOT))
+    lines = [x for x in out.stdout.splitlines() if x.startswith("{")]
+    return json.loads(lines[-1]) if lines else {"error": out.stderr[-400:]}
+
+
+def report(table: dict, cold: dict, guard: dict, n: int, rounds: int, reps: int) -> None:
+    dec, pre = threads()
+    print(f"SmolLM2-135M-Instruct Q4_1, {n} new tokens, {rounds} interleaved rounds x {reps} answers "
+          f"(medians), threads: decode {dec}, prompt {pre}")
+    print(f"{'path':<22}{'runtime':<34}{'dtype':>8}{'load_s':>8}{'ttft_s':>8}{'prefill/s':>10}"
+          f"{'decode/s':>9}{'RSS MB':>8}{'dec×lc':>7}{'ttft×lc':>8}")
+    for p, r in table.items():
+        if "error" in r:
+            print(f"{p:<22} failed: {r['error'][-200:]}")
+            continue
+        print(f"{p:<22}{r['runtime']:<34}{r['dtype']:>8}{r['load_s']:>8.2f}{r['ttft_s']:>8.3f}"
+              f"{r['prefill_tokens_per_s']:>10.0f}{r['decode_tokens_per_s']:>9.1f}{r['peak_rss_mb']:>8.0f}"
+              f"{r.get('decode_vs_llamacpp', float('nan')):>7.2f}{r.get('ttft_vs_llamacpp', float('nan')):>8.2f}")
+    for k, v in cold.items():
+        print(f"cold `run generate \"Hi\" --max-tokens 8` [{k}]: {v['wall_s']:.2f} s wall "
+              f"({v['beyond_torch_import_s']:+.2f} s beyond `import torch`), peak RSS {v['peak_rss_mb']:.0f} MB, "
+              f"stderr lines {len(v['stderr_lines'])}")
+    if "top1_agreement" in guard:
+        print(f"quality: {guard['runtime']} {guard['dtype']} vs float32 transformers, teacher-forced top-1 "
+              f"agreement on {guard['positions']} tokens: {guard['top1_agreement']:.1%}")
+    print(f"load average: {os.getloadavg()[0]:.1f} (shared machine: compare the ratios)")
 
 
 if __name__ == "__main__":

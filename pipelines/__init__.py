@@ -61,6 +61,12 @@ RUNTIMES: dict[tuple[str, str], Runtime] = {
                                           engine=_P + "llm.hf_engine:TransformersLLM"),
     ("summarize", "transformers"): Runtime(_P + "llm.summarize:SummarizePipeline",
                                            engine=_P + "llm.hf_engine:TransformersLLM"),
+    # GGUF language models, their quantised weights read as stored (pipelines/llm/llamacpp.py);
+    # the default runtime for a GGUF where llama-cpp-python is installed (models/resolve.py).
+    ("generate", "llama.cpp"): Runtime(_P + "llm.generate:GeneratePipeline",
+                                       engine=_P + "llm.llamacpp:LlamaCppEngine"),
+    ("summarize", "llama.cpp"): Runtime(_P + "llm.summarize:SummarizePipeline",
+                                        engine=_P + "llm.llamacpp:LlamaCppEngine"),
     ("image", "diffusers"): Runtime(_P + "diffusion.image:DiffusionPipeline"),
 }
 

@@ -48,7 +48,10 @@ def build(root: Path) -> Path:
 
 
 def case(root, runtime="transformers"):
-    if runtime != "transformers":
+    if runtime not in ("transformers", "llama.cpp"):
         no_case("generate", runtime)
-    return TinyCase(model=str(build(root)), args=["What is the capital of France?"],
+    from tests.tiny.gguf_llama import build as build_gguf
+
+    model = build(root) if runtime == "transformers" else build_gguf(root)
+    return TinyCase(model=str(model), args=["What is the capital of France?"],
                     options=["--max-tokens", "8", "--seed", "1"])

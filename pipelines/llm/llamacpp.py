@@ -1,0 +1,227 @@
+"""The llama.cpp LLM engine: a GGUF runs as GGUF, its quantised weights read in place.
+
+Why: decoding one token streams every weight once, so the bytes per weight set the speed. The
+transformers engine has to de-quantise a GGUF (to float16 at best, a one-time conversion that
+takes tens of seconds and a float32 detour); llama.cpp reads the 4-bit blocks directly with its
+own kernels, maps the file instead of copying it, and starts in well under a second.
+
+llama.cpp is used as the forward pass only (``prefill``, ``decode_step``, ``free`` over the
+low-level ``llama_decode``): taskrun's own loop (pipelines/llm/decode.py) samples, stops, seeds
+and times every token, so streaming, stop sequences, seeds, finish reasons and the metrics
+behave exactly as on the transformers engine. Tokens come from the GGUF's own vocabulary, the
+chat template from its ``tokenizer.chat_template``, rendered with jinja2 as transformers does
+(llama-cpp-python's ``Jinja2ChatFormatter``: same sandbox, same extensions, same ``tojson``).
+
+Threads, the KV cache and the float16 copy that reads prompts live in llamacpp_native.py:
+single-token steps on ``TASKRUN_DECODE_THREADS`` (1 by default, as for torch), prompts on the
+cores other processes leave free; the KV cache is sized to what a job needs (prompt + room,
+rounded up), not the whole window. llama.cpp's own log never reaches stderr (its last lines
+explain a failed load).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+from taskrun.models.gguf import gguf_file, gguf_metadata
+from taskrun.pipelines import cached_model
+from taskrun.pipelines.device import decode_threads
+from taskrun.pipelines.llm.engine import LLMEngine
+from taskrun.pipelines.llm.llamacpp_native import Native, file_type, library, prompt_copy, wants_prompt_copy
+from taskrun.tasks.base import ModelCard, TaskError
+
+MIN_CTX = 512  # the smallest KV cache made: a short job's cache, grown by powers of two on demand
+
+
+class LlamaCppEngine(LLMEngine):
+    """A GGUF loaded by llama.cpp: the model (weights mapped from the file) and one context."""
+
+    runtime = "llama.cpp"
+
+    def __init__(self, lib, native: Native, meta: dict, digest: str) -> None:
+        self.lib, self.native, self.path, self.digest = lib, native, native.path, digest
+        self.vocab = lib.llama_model_get_vocab(native.model)
+        self.n_vocab = lib.llama_vocab_n_tokens(self.vocab)
+        self.device, self.dtype = "cpu", file_type(meta)
+        self.context = int(lib.llama_model_n_ctx_train(native.model))
+        self.eos = {t for t in (lib.llama_vocab_eos(self.vocab), lib.llama_vocab_eot(self.vocab)) if t >= 0}
+        self.eos |= {t for t in _special_ids(meta) if lib.llama_vocab_is_eog(self.vocab, t)}
+        self.template = meta.get("tokenizer.chat_template") or None
+        self._formatter = None
+        self._strs: list[str] | None = None
+        self._texts: list[tuple[bytes, bool]] | None = None  # token pieces, read once (_pieces)
+        self._one = (lib.llama_token * 1)()
+        # the float16 copy that reads prompts (llamacpp_native), made and loaded on the first one
+        self.prompt_native: Native | None = None
+        self._copy_wanted = wants_prompt_copy(self.path, self.dtype)
+
+    @classmethod
+    def load(cls, card: ModelCard, device: str, dtype: str) -> LlamaCppEngine:
+        """``card``'s GGUF on the CPU, in its own weight format; loaded once per process."""
+        path = gguf_file(card)
+        if path is None:
+            raise TaskError(f"the llama.cpp runtime reads GGUF files; {card.name} is not one "
+                            f"({card.format or 'unknown format'}): use --runtime transformers")
+        if device not in ("auto", "", None, "cpu"):
+            raise TaskError(f"this llama.cpp build runs on the CPU only; use --device cpu, or --runtime "
+                            f"transformers for --device {device}")
+        if dtype not in ("auto", "", None):
+            raise TaskError(f"llama.cpp runs the GGUF's own weights as stored; --dtype {dtype} needs "
+                            f"--runtime transformers (or leave --dtype auto)")
+        meta = gguf_metadata(path)
+        def build() -> LlamaCppEngine:
+            lib = library()
+            return cls(lib, Native(lib, path), meta, card.digest)
+
+        return cached_model(card, cls.runtime, "cpu", file_type(meta), "causal-lm", build)
+
+    # ----------------------------------------------------------------- text ↔ tokens
+
+    def _tokenize(self, text: str, add_special: bool) -> list[int]:
+        lib, data = self.lib, text.encode("utf-8")
+        size = len(data) + 8  # a token is at least one byte, plus BOS/EOS
+        buf = (lib.llama_token * size)()
+        n = lib.llama_tokenize(self.vocab, data, len(data), buf, size, add_special, True)
+        if n < 0:
+            size = -n
+            buf = (lib.llama_token * size)()
+            n = lib.llama_tokenize(self.vocab, data, len(data), buf, size, add_special, True)
+        return buf[:n]
+
+    def encode(self, text: str) -> list[int]:
+        return self._tokenize(text, add_special=False)
+
+    def decode(self, ids: list[int], skip_special: bool = True) -> str:
+        lib, n = self.lib, len(ids)
+        if n == 0:
+            return ""
+        arr = (lib.llama_token * n)(*ids)
+        size = 16 * n + 16
+        for _ in range(2):
+            buf = ctypes.create_string_buffer(size)
+            got = lib.llama_detokenize(self.vocab, arr, n, buf, size, False, not skip_special)
+            if got >= 0:
+                return buf.raw[:got].decode("utf-8", "replace")
+            size = -got + 1
+        raise RuntimeError(f"llama_detokenize failed for {n} tokens")
+
+    def prompt_ids(self, text: str, system: str = "", raw: bool = False, prefix: str = "",
+                   history: tuple = ()) -> list[int]:
+        if raw or not self.template:
+            turns = "".join(f"{said}\n\n" for _, said in history)  # no template: the turns as text
+            body = (system + "\n\n" if system else "") + turns + text + prefix
+            return self._tokenize(body, add_special=True)
+        messages = ([{"role": "system", "content": system}] if system else []) + \
+            [{"role": role, "content": said} for role, said in history] + [{"role": "user", "content": text}]
+        try:
+            rendered = self.formatter()(messages=messages).prompt
+        except Exception as exc:  # jinja2 raises many kinds; the template is the model's
+            raise TaskError(f"the chat template of {self.path.name} failed ({exc}); pass --raw to "
+                            f"send the prompt without it") from None
+        return self._tokenize(rendered + prefix, add_special=False)
+
+    def formatter(self):
+        """The GGUF's chat template, compiled once."""
+        if self._formatter is None:
+            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+            self._formatter = Jinja2ChatFormatter(self.template, eos_token=self._text(
+                self.lib.llama_vocab_eos(self.vocab)), bos_token=self._text(self.lib.llama_vocab_bos(self.vocab)),
+                add_generation_prompt=True)
+        return self._formatter
+
+    def _text(self, token: int) -> str:
+        if token < 0:
+            return ""
+        return self.lib.llama_vocab_get_text(self.vocab, token).decode("utf-8", "replace")
+
+    def _pieces(self) -> list[tuple[bytes, bool]]:
+        """(bytes, special) per token id: ``llama_token_to_piece``'s exact bytes (half a character
+        for some byte-level pieces), a control token's text marked special."""
+        if self._texts is None:
+            lib, vocab, buf, out = self.lib, self.vocab, ctypes.create_string_buffer(256), []
+            for t in range(self.n_vocab):
+                n = lib.llama_token_to_piece(vocab, t, buf, 256, 0, False)
+                if n > 0:
+                    out.append((buf.raw[:n], False))
+                    continue
+                n = lib.llama_token_to_piece(vocab, t, buf, 256, 0, True)  # control: its text
+                out.append((buf.raw[:max(n, 0)], n > 0))
+            self._texts = out
+        return self._texts
+
+    def token_bytes(self) -> list[bytes]:
+        return [b"\xff" + b if special else b for b, special in self._pieces()]
+
+    def token_texts(self) -> list[str]:
+        if self._strs is None:
+            self._strs = [b.decode("utf-8", "replace") for b, _ in self._pieces()]
+        return self._strs
+
+    # ----------------------------------------------------------------- forward passes
+
+    def _size(self, need: int) -> int:
+        """The KV cache to make for ``need`` tokens: powers of two from MIN_CTX, at most the window
+        (a short job on an 8k-context model does not hold an 8k cache)."""
+        size = MIN_CTX
+        while size < need:
+            size *= 2
+        return max(need, min(size, self.context))
+
+    def _logits(self, ptr):
+        """The logits row llama.cpp points at, copied (it reuses the buffer) into a float32 tensor
+        by one memmove: torch's own copy of 49k floats runs on its thread pool, and each wake-up of
+        a pool thread cost milliseconds per token beside busy neighbours (measured: 14 ms)."""
+        import torch
+
+        out = torch.empty(self.n_vocab, dtype=torch.float32)
+        ctypes.memmove(out.data_ptr(), ptr, self.n_vocab * 4)
+        return out
+
+    def _prompt_native(self) -> Native | None:
+        """The float16 copy's model, made and loaded on first use; None where there is none."""
+        if self.prompt_native is None and self._copy_wanted:
+            self._copy_wanted = False  # one attempt per load: a failure falls back for good
+            try:
+                path = prompt_copy(self.lib, self.path, self.digest)
+            except OSError:  # an unwritable cache: prompts read from the file itself
+                return None
+            try:
+                self.prompt_native = Native(self.lib, path) if path else None
+            except TaskError:  # a damaged copy: prompts read from the file itself; remade next time
+                path.unlink(missing_ok=True)
+        return self.prompt_native
+
+    def prefill(self, ids: list[int], room: int = 0):
+        native, n = self.native, len(ids)
+        size = self._size(n + room)
+        native.ensure(size)
+        native.clear()
+        arr = (self.lib.llama_token * n)(*ids)
+        helper = self._prompt_native()
+        if helper is not None:
+            helper.ensure(size)
+            helper.clear()
+            logits = self._logits(helper.eval(arr, n))
+            if helper.move_kv_to(native):
+                return logits
+        return self._logits(native.eval(arr, n))
+
+    def decode_step(self, token: int):
+        self._one[0] = token
+        return self._logits(self.native.eval(self._one, 1))
+
+    def free(self) -> None:
+        self.native.clear()
+
+    def decoding(self):
+        """Torch (the sampler's argmax, softmax) on one thread between steps, as for the
+        transformers engine: its pool's wake-ups cost more than 49k-float reductions."""
+        return decode_threads(self.device)
+
+
+def _special_ids(meta: dict) -> set[int]:
+    """Token ids the GGUF header names (eos, eot, padding, ...): the candidates for end of turn."""
+    return {int(v) for k, v in meta.items() if k.startswith("tokenizer.ggml.") and k.endswith("_token_id")
+            and isinstance(v, int)}

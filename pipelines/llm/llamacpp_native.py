@@ -1,0 +1,219 @@
+"""llama.cpp below the engine (pipelines/llm/llamacpp.py): the library, one loaded model with its
+context, thread counts, and the float16 copy of a 4-bit GGUF that reads prompts.
+
+Why a prompt copy: llama.cpp reads a prompt (many tokens at once) through matrix-matrix kernels;
+for Q4_1 and most other 4/5-bit formats on AVX2 there are none (each row is dotted on its own),
+and the activations are rounded to 8 bits for every product. Float16 weights take llama.cpp's
+tiled kernels (llamafile's sgemm) with float16 activations. Measured on SmolLM2-135M Q4_1
+(benchmarks/bench_generate.py, interleaved, 1 thread): the prompt reads ~2x faster from a float16
+copy, and its logits match the float32 model's (25.29/25.23 against 25.33/25.24 for the top two
+answers to "What is the capital of France?", where the 4-bit pass gives 24.74/24.65 and flips the
+tie to a wrong answer). One token at a time is fastest from the 4-bit file (fewer bytes to
+stream), so the float16 copy reads the prompt and its KV cache moves to the 4-bit model's context
+(``llama_state_seq_get/set_data``: ~3 ms for 120 tokens), which decodes. The copy holds the 4-bit
+values exactly; llama.cpp's own quantizer (``llama_model_quantize``) writes it once per file
+digest into the cache (~1-2 s for 135M parameters).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from collections import deque
+from pathlib import Path
+
+from taskrun.tasks.base import TaskError
+
+PIP = "llama-cpp-python==0.3.36"
+INSTALL = (f"`make install` builds it; by hand: CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON "
+           f"-DGGML_F16C=ON\" pip install {PIP}")
+BATCH = 512  # prompt tokens per llama_decode call (and the largest ubatch llama.cpp plans for)
+COPY_MAX_BYTES = 256 << 20  # a prompt copy only for GGUFs up to this size (~0.5B parameters at 4 bits)
+F16 = 1  # llama_ftype MOSTLY_F16
+_WIDE = {"f32", "f16", "bf16", "q8_0", "q6_k"}  # formats a prompt copy would not help
+
+_LOG: deque[str] = deque(maxlen=40)  # llama.cpp's recent log lines, to explain a failure
+_STATE: dict = {}  # the imported library and the log callback (which must outlive every call)
+
+
+def library():
+    """``llama_cpp``, imported once, its backend started and its log kept in ``_LOG`` (never on
+    stderr: taskrun reports what matters itself)."""
+    if "lib" in _STATE:
+        return _STATE["lib"]
+    try:
+        import llama_cpp
+    except (ImportError, OSError) as exc:
+        raise TaskError(f"the llama.cpp runtime needs {PIP} ({exc}); {INSTALL}; "
+                        f"or pick --runtime transformers") from None
+
+    @llama_cpp.llama_log_callback
+    def keep(level, text, user_data):
+        _LOG.append(text.decode("utf-8", "replace"))
+
+    llama_cpp.llama_log_set(keep, ctypes.c_void_p(0))
+    llama_cpp.llama_backend_init()
+    _STATE.update(lib=llama_cpp, log=keep)
+    return llama_cpp
+
+
+def log_tail(errors_only: bool = False) -> str:
+    lines = [x.strip() for x in _LOG if not errors_only or "error" in x.lower() or "fail" in x.lower()]
+    return " ".join(lines)[-300:]
+
+
+def file_type(meta: dict) -> str:
+    """The GGUF's weight format as the run log records it: "q4_1", "q8_0", "f16", ..."""
+    code = meta.get("general.file_type")
+    if code is None:
+        return "gguf"
+    from gguf import LlamaFileType
+
+    try:
+        name = LlamaFileType(int(code)).name
+    except ValueError:
+        return f"gguf-type-{code}"
+    return name.removeprefix("MOSTLY_").removeprefix("ALL_").lower()
+
+
+def decode_threads() -> int:
+    """Threads for single-token steps: TASKRUN_DECODE_THREADS (1 by default), as
+    pipelines/device.py's decode_threads sets them for torch."""
+    from taskrun.pipelines.device import cpu_threads
+
+    n = int(os.environ.get("TASKRUN_DECODE_THREADS", "1"))
+    return n if n > 0 else cpu_threads()
+
+
+def prompt_threads() -> int:
+    """Threads for reading a prompt: every core this process may use, less those other processes
+    keep busy right now (TASKRUN_THREADS overrides).
+
+    ggml's worker threads meet at a spinning barrier after every operation; when another process
+    holds one of the cores, each barrier waits for a descheduled thread. Measured on 2 cores beside
+    busy neighbours (load ~9): 2 threads read a 120-token prompt 3-8x slower than 1 thread."""
+    from taskrun.pipelines.device import cpu_threads
+
+    cores = cpu_threads()
+    if os.environ.get("TASKRUN_THREADS"):
+        return cores
+    try:
+        busy = os.getloadavg()[0]
+    except OSError:
+        return cores
+    return max(1, min(cores, cores - int(busy + 0.5) + 1))
+
+
+class Native:
+    """One llama.cpp model and its context (KV cache), freed context first when the last engine
+    holding it goes: copies of an engine share it, so a copy going away frees nothing in use."""
+
+    def __init__(self, lib, path: Path) -> None:
+        self.lib, self.path = lib, path
+        self.ctx, self.mem, self.n_ctx, self.pos = None, None, 0, 0
+        params = lib.llama_model_default_params()
+        params.n_gpu_layers = 0
+        _LOG.clear()
+        self.model = lib.llama_model_load_from_file(str(path).encode(), params) or None
+        if self.model is None:
+            raise TaskError(f"llama.cpp could not load {path} ({log_tail(True) or 'no reason given'}); "
+                            f"re-download the file, or try --runtime transformers")
+
+    def ensure(self, size: int) -> None:
+        """A context with room for ``size`` tokens (made anew, empty, when the current one is smaller)."""
+        if self.ctx is not None and size <= self.n_ctx:
+            return
+        lib = self.lib
+        self.free_context()
+        p = lib.llama_context_default_params()
+        p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max = size, BATCH, BATCH, 1
+        p.n_threads, p.n_threads_batch, p.no_perf = decode_threads(), prompt_threads(), True
+        _LOG.clear()
+        self.ctx = lib.llama_init_from_model(self.model, p) or None
+        if self.ctx is None:
+            raise TaskError(f"llama.cpp could not make a {size}-token context for {self.path.name} "
+                            f"({log_tail()}); free memory or shorten the job")
+        self.mem, self.n_ctx = lib.llama_get_memory(self.ctx), lib.llama_n_ctx(self.ctx)
+
+    def clear(self) -> None:
+        if self.mem is not None:
+            self.lib.llama_memory_clear(self.mem, False)
+        self.pos = 0
+
+    def eval(self, arr, n: int):
+        """Append the ``n`` tokens of the ctypes array ``arr``; a pointer to the logits after the last."""
+        lib = self.lib
+        if self.pos + n > self.n_ctx:
+            raise TaskError(f"the sequence outgrew its {self.n_ctx}-token KV cache; this is a bug in "
+                            f"the caller's room estimate (report it)")
+        if n > 1:
+            lib.llama_set_n_threads(self.ctx, decode_threads(), prompt_threads())
+        for start in range(0, n, BATCH):
+            k = min(BATCH, n - start)
+            part = arr if k == n else (lib.llama_token * k).from_buffer(arr, start * ctypes.sizeof(lib.llama_token))
+            rc = lib.llama_decode(self.ctx, lib.llama_batch_get_one(part, k))
+            if rc != 0:
+                raise TaskError(f"llama.cpp failed to evaluate {k} tokens (llama_decode returned {rc})")
+            self.pos += k
+        return lib.llama_get_logits_ith(self.ctx, -1)
+
+    def move_kv_to(self, other: Native) -> bool:
+        """Hand this context's sequence (its KV cache) to ``other``, whose model has the same shape."""
+        lib = self.lib
+        size = lib.llama_state_seq_get_size(self.ctx, 0)
+        buf = (ctypes.c_uint8 * size)()
+        if lib.llama_state_seq_get_data(self.ctx, buf, size, 0) != size:
+            return False
+        other.clear()
+        if lib.llama_state_seq_set_data(other.ctx, buf, size, 0) != size:
+            other.clear()
+            return False
+        other.pos = self.pos
+        self.clear()
+        return True
+
+    def free_context(self) -> None:
+        if self.ctx is not None:
+            self.lib.llama_free(self.ctx)
+            self.ctx, self.mem, self.n_ctx, self.pos = None, None, 0, 0
+
+    def __del__(self) -> None:
+        if sys.is_finalizing():  # the library's functions may already be gone; the OS frees it all
+            return
+        self.free_context()
+        if getattr(self, "model", None):
+            self.lib.llama_model_free(self.model)
+            self.model = None
+
+
+def wants_prompt_copy(path: Path, dtype: str) -> bool:
+    """A small GGUF in a 4/5-bit format reads prompts from a float16 copy (TASKRUN_PROMPT_COPY=0: never)."""
+    if os.environ.get("TASKRUN_PROMPT_COPY", "1") == "0" or dtype in _WIDE or dtype.startswith("gguf"):
+        return False
+    return path.stat().st_size <= COPY_MAX_BYTES
+
+
+def prompt_copy(lib, path: Path, digest: str) -> Path | None:
+    """The float16 copy of ``path`` in the cache, made now if missing (None if llama.cpp cannot)."""
+    from taskrun.models.resolve import cache_dir
+
+    folder = cache_dir() / "llamacpp"
+    target = folder / f"{digest.replace('sha256:', '')[:32]}.f16.gguf"
+    if target.exists():
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")  # a crash never leaves half a file
+    params = lib.llama_model_quantize_default_params()
+    params.ftype, params.allow_requantize, params.quantize_output_tensor = F16, True, True
+    from taskrun.pipelines.device import cpu_threads
+
+    params.nthread = cpu_threads()
+    _LOG.clear()
+    try:
+        ok = lib.llama_model_quantize(str(path).encode(), str(tmp).encode(), ctypes.byref(params)) == 0
+        if ok:
+            os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target if ok else None

@@ -1,0 +1,251 @@
+"""The llama.cpp engine (pipelines/llm/llamacpp.py) on a tiny GGUF built in code (tests/tiny/gguf_llama.py).
+
+The decode-loop tests of tests/test_generate.py are the contract: they run here unchanged on the
+llama.cpp engine (this module's ``tiny`` and ``llm`` fixtures hand them the GGUF), and the tiny
+GGUF holds the same float32 weights as the tiny HF folder, so both engines must compute the same
+function and pick the same tokens.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from taskrun.runner.cli import main
+from tests import test_generate as contract
+from tests.tiny.generate import build as build_hf
+from tests.tiny.gguf_llama import build as build_gguf
+
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (`make install` builds it)")
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_dir):
+    return str(build_gguf(tiny_dir))
+
+
+@pytest.fixture
+def llm(tiny):
+    """The tiny GGUF on llama.cpp, copied so a test may change its end-of-sequence ids."""
+    from taskrun.models.resolve import resolve
+    from taskrun.pipelines.llm.llamacpp import LlamaCppEngine
+
+    return copy.copy(LlamaCppEngine.load(resolve(tiny), "cpu", "auto"))
+
+
+@pytest.fixture
+def hf(tiny_dir):
+    from taskrun.models.resolve import resolve
+    from taskrun.pipelines.llm.hf_engine import TransformersLLM
+
+    return TransformersLLM.load(resolve(str(build_hf(tiny_dir))), "cpu", "float32")
+
+
+# The existing decode-loop contract, run on the llama.cpp engine.
+test_tokens_stream_before_the_result_and_add_up_to_it = contract.test_tokens_stream_before_the_result_and_add_up_to_it
+test_no_stream_sends_no_tokens = contract.test_no_stream_sends_no_tokens
+test_finish_reason_length_and_stop = contract.test_finish_reason_length_and_stop
+test_stop_sequence_cuts_the_text_and_never_streams_it = contract.test_stop_sequence_cuts_the_text_and_never_streams_it
+test_same_seed_same_text_other_seed_other_text = contract.test_same_seed_same_text_other_seed_other_text
+test_seed_is_reported_when_not_given = contract.test_seed_is_reported_when_not_given
+test_context_window_is_checked_before_generation = contract.test_context_window_is_checked_before_generation
+test_metrics_are_consistent = contract.test_metrics_are_consistent
+
+
+def test_a_gguf_runs_on_llama_cpp_by_default_and_the_log_says_so(tiny):
+    r = CliRunner().invoke(main, ["generate", contract.PROMPT, "--model", tiny, "--max-tokens", "4",
+                                  "--seed", "1", "--json", "-q"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert (out["runtime"], out["device"], out["dtype"]) == ("llama.cpp", "cpu", "f32")
+    log = json.loads(CliRunner().invoke(main, ["logs", "show", out["id"]]).stdout)
+    assert (log["runtime"], log["dtype"]) == ("llama.cpp", "f32")
+    assert log["model_digest"] == out["model"]["digest"] and log["device"] == "cpu"
+
+
+def test_without_llama_cpp_a_gguf_falls_back_to_transformers(tiny, monkeypatch):
+    import importlib.util
+
+    from taskrun.models import resolve as res
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llama_cpp" else real(name, *a))
+    card = res.resolve(tiny)
+    assert card.runtime == "transformers" and "llama.cpp" not in card.runtimes
+    monkeypatch.undo()
+    card = res.resolve(tiny)
+    assert card.runtimes[:2] == ("llama.cpp", "transformers")
+
+
+def test_same_tokens_and_template_as_transformers(llm, hf):
+    """Same vocabulary, merges and chat template: the same ids; same float32 weights: the same
+    logits (to float rounding) and the same greedy answer."""
+    import torch
+
+    for text in (contract.PROMPT, "The meeting decided to ship the release on Friday.", "héllo wörld 42"):
+        assert llm.encode(text) == hf.encode(text)
+        assert llm.decode(llm.encode(text)) == text
+    ids = hf.prompt_ids(contract.PROMPT, system="Be brief.", history=(("user", "Hi"), ("assistant", "Hello")))
+    assert llm.prompt_ids(contract.PROMPT, system="Be brief.", history=(("user", "Hi"), ("assistant", "Hello"))) == ids
+    assert llm.prompt_ids("x", raw=True, prefix="{") == hf.prompt_ids("x", raw=True, prefix="{")
+    a, b = llm.prefill(ids, room=8), hf.prefill(ids, room=8)
+    assert torch.allclose(a, b, atol=2e-2), (a - b).abs().max()  # llama.cpp's KV cache is float16
+    for tok in (5, 17, 42):
+        a, b = llm.decode_step(tok), hf.decode_step(tok)
+        assert torch.allclose(a, b, atol=2e-2), (a - b).abs().max()
+    llm.free(), hf.free()
+    llm.eos = hf.eos = set()
+    got, want = contract._decode(llm, ids, max_tokens=24)[0], contract._decode(hf, ids, max_tokens=24)[0]
+    assert got.token_ids == want.token_ids and got.text == want.text
+
+
+def test_end_of_turn_and_special_tokens_come_from_the_gguf(llm, hf):
+    im_end = hf.tok.convert_tokens_to_ids("<|im_end|>")
+    assert im_end in llm.eos
+    assert llm.decode([im_end]) == "" and llm.decode([im_end], skip_special=False) == "<|im_end|>"
+    pieces = llm.token_bytes()
+    assert len(pieces) == len(llm.token_texts()) == hf.model.config.vocab_size
+    assert pieces[im_end] == b"\xff<|im_end|>"
+    ids = llm.encode("Paris is the capital of France.")
+    assert b"".join(pieces[i] for i in ids) == b"Paris is the capital of France."
+
+
+def test_score_prefers_the_likelier_continuation(llm, hf):
+    ids = llm.prompt_ids(contract.PROMPT)
+    cont = llm.encode(" Paris")
+    assert llm.score(ids, cont) == pytest.approx(hf.score(ids, cont), abs=1e-2)
+
+
+def test_unsupported_choices_name_the_fix(tiny, tiny_dir):
+    for args, message in ((["--dtype", "float32"], "--runtime transformers"),
+                          (["--device", "cuda"], "--device cpu")):
+        r = CliRunner().invoke(main, ["generate", "hi", "--model", tiny, "--runtime", "llama.cpp", "-q", *args])
+        assert r.exit_code != 0 and message in r.output, r.output
+    r = CliRunner().invoke(main, ["generate", "hi", "--model", str(build_hf(tiny_dir)), "--runtime", "llama.cpp", "-q"])
+    assert r.exit_code != 0 and "transformers" in r.output, r.output
+
+
+def test_nothing_reaches_stderr_under_quiet(tiny, tmp_path):
+    """llama.cpp prints its load log from C; under -q stderr stays empty (a separate process, so
+    the C-level stream is the real one)."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TASKRUN_CACHE_DIR=str(tmp_path / "cache"))
+    r = subprocess.run([os.path.join(os.path.dirname(sys.executable), "run"), "generate", "hi", "--model", tiny,
+                        "--max-tokens", "3", "-q"], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    noise = [x for x in r.stderr.splitlines() if x and not x.startswith("[cut: ")]  # taskrun's own notice
+    assert noise == [] and r.stdout.strip(), r.stderr
+
+
+def test_a_broken_gguf_is_a_clear_error(tiny, tmp_path):
+    bad = tmp_path / "broken.gguf"
+    data = open(tiny, "rb").read()
+    bad.write_bytes(data[: len(data) // 2])  # a header that promises tensors the file lacks
+    r = CliRunner().invoke(main, ["generate", "hi", "--model", str(bad), "--runtime", "llama.cpp", "-q"])
+    assert r.exit_code != 0 and "re-download" in r.output, r.output
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("args", [["The capital of France is", "--raw"], ["What is the capital of France?"]])
+def test_real_smollm2_gguf_on_llama_cpp_knows_paris(args):
+    """The chat question is a near tie between "The" and "L'" at the first token (0.09 apart in
+    float32): the float16 prompt copy keeps it; the 4-bit pass alone flips it."""
+    r = CliRunner().invoke(main, ["generate", *args, "--max-tokens", "12", "--json", "-q"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["runtime"] == "llama.cpp" and out["dtype"] == "q4_1"
+    assert "Paris" in out["items"][0]["result"]["text"]
+
+
+@pytest.fixture(scope="module")
+def tiny_q4(tiny, tiny_dir):
+    """The tiny GGUF quantised to Q4_1 by llama.cpp's own quantizer (the packaged model's format)."""
+    import ctypes
+
+    from taskrun.pipelines.llm.llamacpp_native import library
+
+    path = tiny_dir / "tiny-llama-q4_1.gguf"
+    if not path.exists():
+        lib = library()
+        params = lib.llama_model_quantize_default_params()
+        params.ftype, params.nthread = 3, 1  # MOSTLY_Q4_1
+        assert lib.llama_model_quantize(tiny.encode(), str(path).encode(), ctypes.byref(params)) == 0
+    return str(path)
+
+
+def test_prompts_read_from_a_float16_copy_and_decode_from_the_4bit_file(tiny_q4, monkeypatch):
+    """A small 4-bit GGUF reads prompts from a float16 copy made once in the cache (the same 4-bit
+    values, exactly); its KV cache moves to the 4-bit model, which decodes. The answer is the one
+    without the copy, to within the 4-bit pass's 8-bit rounding of activations."""
+    import torch
+
+    from taskrun.models.resolve import cache_dir, resolve
+    from taskrun.pipelines.llm.llamacpp import LlamaCppEngine
+
+    card = resolve(tiny_q4)
+    llm = copy.copy(LlamaCppEngine.load(card, "cpu", "auto"))
+    assert llm.dtype == "q4_1" and card.runtime == "llama.cpp"
+    ids = llm.prompt_ids(" ".join(["The capital of France is Paris."] * 12))
+    with_copy = [llm.prefill(ids, room=4)] + [llm.decode_step(t) for t in (5, 17)]
+    llm.free()
+    assert llm.prompt_native is not None and list((cache_dir() / "llamacpp").glob("*.f16.gguf"))
+    helper, llm.prompt_native = llm.prompt_native, None
+    without = [llm.prefill(ids, room=4)] + [llm.decode_step(t) for t in (5, 17)]
+    llm.free()
+    llm.prompt_native = helper
+    for a, b in zip(with_copy, without):
+        assert int(a.argmax()) == int(b.argmax())
+        # a lost KV cache would give cosine ~0.5
+        assert float(torch.nn.functional.cosine_similarity(a, b, dim=0)) > 0.99
+    monkeypatch.setenv("TASKRUN_PROMPT_COPY", "0")
+    fresh = LlamaCppEngine(llm.lib, llm.native, {"general.file_type": 3}, card.digest)
+    assert not fresh._copy_wanted
+
+
+def test_json_schema_is_valid_by_construction_on_llama_cpp(tiny, tmp_path):
+    """The grammar (pipelines/llm/grammar.py) reads the engine's token bytes: nested JSON on the
+    tiny random model is valid on every seed."""
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps({"type": "object", "required": ["items"], "additionalProperties": False,
+                                  "properties": {"items": {"type": "array", "minItems": 1, "maxItems": 2, "items": {
+                                      "type": "object", "required": ["kind", "n"], "additionalProperties": False,
+                                      "properties": {"kind": {"enum": ["a", "b"]},
+                                                     "n": {"type": "integer", "minimum": 0, "maximum": 99}}}}}}))
+    for seed in range(3):
+        r = CliRunner().invoke(main, ["generate", "List things.", "--model", tiny, "--json-schema", str(schema),
+                                      "--temperature", "1.0", "--seed", str(seed), "--max-tokens", "200",
+                                      "--json", "-q"])
+        assert r.exit_code == 0, r.output
+        res = json.loads(r.stdout.strip().splitlines()[-1])["items"][0]["result"]
+        assert res["schema_valid"] is True, res["text"]
+        assert all(x["kind"] in ("a", "b") for x in json.loads(res["text"])["items"])
+
+
+def test_a_damaged_prompt_copy_falls_back_and_is_remade(tiny_q4):
+    from taskrun.models.gguf import gguf_metadata
+    from taskrun.models.resolve import cache_dir, resolve
+    from taskrun.pipelines.llm.llamacpp import LlamaCppEngine
+
+    card = resolve(tiny_q4)
+    loaded = LlamaCppEngine.load(card, "cpu", "auto")
+    folder = cache_dir() / "llamacpp"
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("*.f16.gguf"):
+        old.unlink()
+    broken = folder / f"{card.digest.replace('sha256:', '')[:32]}.f16.gguf"
+    broken.write_bytes(b"GGUF" + b"\0" * 64)  # a truncated file, as a crash or a full disk leaves
+    llm = LlamaCppEngine(loaded.lib, loaded.native, gguf_metadata(tiny_q4), card.digest)
+    long = llm.prompt_ids(" ".join(["The capital of France is Paris."] * 12))
+    plain = copy.copy(loaded)
+    plain.prompt_native, plain._copy_wanted = None, False
+    want = plain.prefill(long)
+    plain.free()
+    got = llm.prefill(long)  # reads the prompt from the 4-bit file itself
+    llm.free()
+    assert llm.prompt_native is None and not broken.exists()
+    assert int(got.argmax()) == int(want.argmax())
