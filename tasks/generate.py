@@ -8,10 +8,14 @@ from pathlib import Path
 
 from taskrun.tasks.base import Task, TaskError, metric, option, require
 
+# How the JSON is laid out: json.dumps's separators (what models saw most), no other whitespace (a
+# grammar that allowed it would let a weak model pad forever).
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 def load_schema(path: str) -> dict:
-    """A JSON Schema file, checked to be valid JSON and a valid schema (before any weights load)."""
+    """A JSON Schema file, checked to be valid JSON, a valid schema and one the grammar engine can
+    enforce (before any weights load)."""
     p = Path(path)
     require(p.is_file(), f"--json-schema {path}: no such file; give a JSON Schema file")
     try:
@@ -31,12 +35,38 @@ def load_schema(path: str) -> dict:
         where = "/".join(str(x) for x in exc.path) or "top level"
         raise TaskError(f"--json-schema {path} is not a valid JSON Schema ({where}: "
                         f"{exc.message}); fix the schema") from None
+    schema_grammar(schema, path)
     return schema
+
+
+def schema_grammar(schema, path: str = "the schema") -> str:
+    """The llguidance grammar that makes any answer valid for ``schema`` (pipelines/llm/grammar.py).
+    A schema outside the subset llguidance enforces (``not``, ``if``/``then``, ``uniqueItems``,
+    ...) or with a ``$ref`` it cannot resolve is refused here, naming the keyword: it would
+    otherwise be prompted for and hoped for. The subset: github.com/guidance-ai/llguidance,
+    docs/json_schema.md."""
+    from llguidance import LLMatcher
+
+    require(schema is not False, f"--json-schema {path} is `false`: no answer can match it")
+    schema = {} if schema is True else schema
+    try:
+        grammar = LLMatcher.grammar_from_json_schema(schema, overrides=JSON_LAYOUT)
+    except ValueError as exc:
+        raise TaskError(f"--json-schema {path}: {exc}; fix the schema") from None
+    error = LLMatcher.validate_grammar(grammar)
+    if error and "$ref" in json.dumps(schema) and ("Pointer" in error or "Resource" in error):
+        raise TaskError(f"--json-schema {path} has a $ref that cannot be resolved ({error.strip()}); "
+                        f"only references inside the file (#/$defs/...) are followed")
+    if error:
+        raise TaskError(f"--json-schema {path} cannot be enforced while decoding: {error.strip()}; "
+                        f"remove or rewrite what it names")
+    return grammar
 
 
 def check_sampling(max_tokens: int, temperature: float, top_p: float, top_k: int) -> None:
     require(max_tokens > 0, f"--max-tokens must be at least 1 (got {max_tokens})")
-    require(temperature >= 0, f"--temperature must be 0 (greedy) or more (got {temperature})")
+    require(0 <= temperature < float("inf"),
+            f"--temperature must be 0 (greedy) or a finite number above it, e.g. 0.7 (got {temperature})")
     require(0 < top_p <= 1, f"--top-p must be in (0, 1], e.g. 0.9 (got {top_p})")
     require(top_k >= 0, f"--top-k must be 0 (off) or more (got {top_k})")
 
@@ -74,9 +104,9 @@ class Options:
     truncate: bool = option(False, "--truncate",
                             help="Cut a prompt that does not fit the context window instead of refusing it.")
     json_schema: str = option("", "--json-schema", path=True, metavar="FILE",
-                              help="Answer in JSON for this schema: flat objects (string, number, boolean, "
-                                   "enum fields) are filled by construction, others asked for; "
-                                   "always validated.")
+                              help="Answer in JSON valid for this schema, by construction: each token is "
+                                   "held to a grammar built from it (llguidance's JSON Schema subset; "
+                                   "others are refused); then validated.")
     price_in: float = option(0.0, "--price-in", help="Price per million input tokens, for a cost estimate.")
     price_out: float = option(0.0, "--price-out", help="Price per million output tokens, for a cost estimate.")
 
@@ -101,8 +131,7 @@ class Generation:
     seed: int  # the seed used: the same seed and settings give the same text
     truncated_tokens: int = 0  # prompt tokens dropped by --truncate
     json: object = None  # the parsed answer, with --json-schema
-    schema_valid: bool | None = None  # None without --json-schema
-    schema_error: str | None = None
+    schema_valid: bool | None = None  # True: the answer passed --json-schema's check (None without one)
     cost: float | None = None  # estimated, from --price-in/--price-out
 
     def summary(self) -> str:
@@ -140,8 +169,6 @@ class GenerateTask(Task):
         notes = [cut_notice(result, options.max_tokens if options else 0)]
         if result.truncated_tokens:
             notes.append(f"[prompt truncated: {result.truncated_tokens} tokens dropped to fit the window]")
-        if result.schema_valid is False:
-            notes.append(f"[JSON schema check FAILED: {result.schema_error}]")
         if result.cost is not None:
             notes.append(f"[estimated cost {result.cost:.6f}]")
         return "\n".join(n for n in notes if n)

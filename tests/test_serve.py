@@ -105,13 +105,13 @@ def test_earlier_turns_reach_the_model_through_its_chat_template(client):
 
 
 def test_json_schema_answer_validates(client):
-    # strings, booleans and enums: fields the guided fill writes valid by construction even for a
-    # random model (a number is "null" when the model writes no digit)
-    schema = {"type": "object", "properties": {"city": {"type": "string"}, "capital": {"type": "boolean"},
-                                               "size": {"enum": ["small", "large"]}},
-              "required": ["city", "capital", "size"]}
+    # the grammar (pipelines/llm/grammar.py) makes the answer valid by construction, even a random model's
+    # (bounded: a random model never closes a string or an object by itself)
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                               "capital": {"type": "boolean"}, "size": {"enum": ["small", "large"]}},
+              "required": ["city", "capital", "size"], "additionalProperties": False}
     chat = client.chat.completions.create(
-        model="tiny-llama", messages=[{"role": "user", "content": "Describe Paris."}], max_tokens=30,
+        model="tiny-llama", messages=[{"role": "user", "content": "Describe Paris."}], max_tokens=60,
         response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema}})
     jsonschema.validate(json.loads(chat.choices[0].message.content), schema)
 

@@ -3,7 +3,8 @@
 It is hand-rolled rather than a runtime's own ``generate``: it runs in the caller's thread (no
 streamer thread that can hang), times the first token exactly, and skips per-token bookkeeping
 the tasks do not need. Stop sequences are held back until they cannot match any more, so a stop
-string never reaches the user.
+string never reaches the user. With a grammar (``Sampling.grammar``: --json-schema) each token is
+drawn from those the grammar allows, and the answer ends ("stop") as soon as the grammar is complete.
 
 ``engine`` below is any ``LLMEngine``; this module does not import engine.py, which offers the
 loop as ``engine.stream(...)`` (importing each other would make a ring).
@@ -48,7 +49,8 @@ def stream(engine, ids: list[int], s: Sampling, clock: Clock, out: Decoded) -> I
     emitted = 0
     holdback = max((len(x) for x in s.stop), default=0)
     steps: list[float] = []  # seconds inside the engine and sampler, per token
-    for step, token in enumerate(timed(_tokens(engine, ids, limit, s), steps.append)):
+    rule = _constraint(engine, s) if limit > 0 else None
+    for step, token in enumerate(timed(_tokens(engine, ids, limit, s, rule), steps.append)):
         if step == 0:
             out.first_token_at, out.prefill_s = clock.now(), steps[0]
         else:
@@ -72,6 +74,9 @@ def stream(engine, ids: list[int], s: Sampling, clock: Clock, out: Decoded) -> I
         if safe > emitted:
             yield text[emitted:safe]
             emitted = safe
+        if rule is not None and rule.done():  # e.g. the JSON object is closed: nothing may follow
+            out.finish_reason = "stop"
+            break
     else:
         out.finish_reason = "length"
         out.hit_window = limit < s.max_tokens
@@ -88,8 +93,18 @@ def complete(engine, ids: list[int], s: Sampling, clock: Clock) -> Decoded:
     return out
 
 
-def _tokens(engine, ids: list[int], limit: int, s: Sampling) -> Iterator[int]:
-    """Token ids, one per forward pass: prefill, then single-token steps on the KV state."""
+def _constraint(engine, s: Sampling):
+    """The grammar this decode is held to (a fresh parser state), or None."""
+    if not s.grammar:
+        return None
+    from taskrun.pipelines.llm.grammar import Constraint
+
+    return Constraint(engine, s.grammar)
+
+
+def _tokens(engine, ids: list[int], limit: int, s: Sampling, rule=None) -> Iterator[int]:
+    """Token ids, one per forward pass: prefill, then single-token steps on the KV state; with a
+    ``rule`` (grammar.Constraint) each draw is masked by it and advances it."""
     if limit <= 0:
         return
     gen = generator(s.seed)
@@ -98,8 +113,10 @@ def _tokens(engine, ids: list[int], limit: int, s: Sampling) -> Iterator[int]:
         history: list[int] = []
         with engine.decoding():
             for i in range(limit):
-                token = sample(logits, s, gen, history)
+                token = sample(logits, s, gen, history, rule.allowed() if rule else None)
                 history.append(token)
+                if rule is not None:
+                    rule.advance(token)
                 yield token
                 if i + 1 < limit:
                     logits = engine.decode_step(token)

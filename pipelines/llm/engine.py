@@ -69,8 +69,26 @@ class LLMEngine(ABC):
 
     @abstractmethod
     def token_texts(self) -> list[str]:
-        """The text of each token id on its own, one entry per logit ("" for tokens with no text),
-        to build masks over the vocabulary (``sampling.token_mask``). May be slow: cache it."""
+        """The text of each token id on its own, one entry per logit ("" for tokens with no text):
+        what ``token_bytes`` is built from unless the engine knows better. May be slow: cache it."""
+
+    def token_bytes(self) -> list[bytes]:
+        """The bytes of each token id on its own, one entry per logit: what a grammar
+        (pipelines/llm/grammar.py, --json-schema) matches tokens against. A special token (end of
+        turn, ...) starts with b"\\xff" so that no text matches it; b"" marks a token a grammar
+        never allows. Called once per loaded engine.
+
+        This default is built from ``token_texts()``: exact for tokens that are whole characters;
+        one holding part of a multi-byte character (its text has "\\ufffd") is left out; a token
+        that ``decode`` drops (skipping special tokens) is special. An engine that can read its
+        tokens' bytes (transformers, llama.cpp's ``llama_token_to_piece``) returns them exactly."""
+        def piece(i: int, text: str) -> bytes:
+            if not text or "\ufffd" in text:
+                return b""
+            special = i in self.eos or not self.decode([i])
+            return (b"\xff" if special else b"") + text.encode()
+
+        return [piece(i, t) for i, t in enumerate(self.token_texts())]
 
     def count(self, text: str) -> int:
         """How many tokens ``text`` takes."""

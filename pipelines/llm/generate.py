@@ -1,5 +1,6 @@
 """generate on any LLM engine: each prompt decoded by the shared streaming loop
-(pipelines/llm/decode.py); --json-schema answers are guided and checked by pipelines/llm/schema.py."""
+(pipelines/llm/decode.py); --json-schema answers are held to a grammar (pipelines/llm/grammar.py)
+and checked by pipelines/llm/schema.py."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from taskrun.pipelines.llm.decode import Decoded
 from taskrun.pipelines.llm.engine import LLMEngine
 from taskrun.pipelines.llm.pipeline import LLMPipeline, per_input
 from taskrun.pipelines.llm.sampling import Sampling
-from taskrun.pipelines.llm.schema import guided_fields, guided_fill, schema_prompt, validate
+from taskrun.pipelines.llm.schema import schema_system, validate
 from taskrun.tasks import events as ev
 from taskrun.tasks.base import TaskError
-from taskrun.tasks.generate import Generation, Metrics, load_schema
+from taskrun.tasks.generate import Generation, Metrics, load_schema, schema_grammar
 
 
 class GeneratePipeline(LLMPipeline):
@@ -24,50 +25,52 @@ class GeneratePipeline(LLMPipeline):
         seed = options.seed if options.seed is not None else random.SystemRandom().randrange(2**31)
         s = Sampling(max_tokens=options.max_tokens, temperature=options.temperature, top_p=options.top_p,
                      top_k=options.top_k, seed=seed, stop=tuple(options.stop),
-                     repeat_penalty=options.repeat_penalty)
-        system, prefix = schema_prompt(schema, options.system)
+                     repeat_penalty=options.repeat_penalty,
+                     grammar=schema_grammar(schema) if schema is not None else "")
+        system = schema_system(schema, options.system)
         totals = _Totals()
 
         def one(i, inp):
-            ids, dropped = self._prompt(inp.text, options, system, prefix)
+            ids, dropped = self._prompt(inp.text, options, system, "")
             out = Decoded()
-            if guided_fields(schema):
-                text = yield from guided_fill(self.engine, inp.text, options, system, schema, s, clock, out, i)
-            else:
-                text = yield from self._answer(ids, prefix, s, clock, out, i, options.stream)
+            text = yield from self._answer(ids, s, clock, out, i, options.stream)
             totals.add(len(ids), out)
             n_out = len(out.token_ids)
             res = Generation(prompt=inp.text, text=text, finish_reason=out.finish_reason,
                              input_tokens=len(ids), output_tokens=n_out, seed=seed, truncated_tokens=dropped,
                              cost=estimate_cost(len(ids), n_out, options.price_in, options.price_out))
             if schema is not None:
-                validate(res, schema)
+                validate(res, schema, options.max_tokens)
             return res
 
         yield from per_input(inputs, one)
         yield ev.Done(totals.metrics(options))
 
-    def _answer(self, ids, prefix, s, clock, out, index, stream):
+    def _answer(self, ids, s, clock, out, index, stream):
         """Decode one answer, its pieces as Token events when streaming; returns its text."""
-        if prefix and stream:
-            yield ev.Token(prefix, index)
         for piece in self.engine.stream(ids, s, clock, out):
             if stream:
                 yield ev.Token(piece, index)
-        return prefix + out.text
+        return out.text
 
     def _prompt(self, text, options, system, prefix):
-        """The prompt's token ids, refused (or cut with --truncate) when it leaves no room to answer."""
+        """The prompt's token ids, refused (or cut with --truncate) when it leaves no room to answer.
+        A text longer than the window is never tokenised whole: only a head of it that surely
+        fills the window (``text_head``), so a 1 MB file costs what a window's worth does."""
         llm = self.engine
-        ids = llm.prompt_ids(text, system, options.raw, prefix, options.history)
         window = llm.context
-        if len(ids) < window:
+        head = text_head(llm, text, window)
+        ids = llm.prompt_ids(head, system, options.raw, prefix, options.history)
+        if head is text and len(ids) < window:
             return ids, 0
         if not options.truncate:
-            raise TaskError(f"the prompt is {len(ids)} tokens; {self.card.name} reads at most {window} "
+            size = f"{len(ids)} tokens" if head is text else \
+                f"over {window} tokens ({len(text):,} characters)"
+            raise TaskError(f"the prompt is {size}; {self.card.name} reads at most {window} "
                             f"(prompt + answer). Shorten it, or pass --truncate to cut its end")
         room = max(1, min(options.max_tokens, window // 4))  # leave the answer some room
-        return fit_prompt(llm, text, window - room, system, options.raw, prefix, options.history)
+        ids, dropped = fit_prompt(llm, head, window - room, system, options.raw, prefix, options.history)
+        return ids, dropped + count_tokens(llm, text[len(head):])
 
 
 @dataclass
@@ -99,6 +102,29 @@ class _Totals:
             decode_tokens_per_s=self.decode_steps / self.decode_s if self.decode_s > 0 else 0.0,
             finish_reason=",".join(dict.fromkeys(self.reasons)),
             cost=estimate_cost(self.input_tokens, self.output_tokens, options.price_in, options.price_out))
+
+
+HEAD_CHARS_PER_TOKEN = 8  # a first guess at a head's length: about twice English's characters per token
+COUNT_CHARS = 1 << 16  # the rest of a cut text is counted in pieces this long (memory stays flat)
+
+
+def text_head(llm: LLMEngine, text: str, tokens: int) -> str:
+    """``text`` itself, or a prefix of it that takes at least ``tokens`` tokens: tried at
+    ``tokens`` × 8 characters and doubled until it does, so no more than about twice what the
+    window needs is ever tokenised however long the text is."""
+    n = tokens * HEAD_CHARS_PER_TOKEN
+    while n < len(text):
+        head = text[:n]
+        if llm.count(head) >= tokens:
+            return head
+        n *= 2
+    return text
+
+
+def count_tokens(llm: LLMEngine, text: str) -> int:
+    """About how many tokens ``text`` takes (exact to a token per 64 K characters), counted a
+    piece at a time so that a long text never lives in memory as tokens all at once."""
+    return sum(llm.count(text[i:i + COUNT_CHARS]) for i in range(0, len(text), COUNT_CHARS))
 
 
 def fit_prompt(llm: LLMEngine, text: str, budget: int, system: str = "", raw: bool = False,

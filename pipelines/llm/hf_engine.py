@@ -16,6 +16,9 @@ from taskrun.pipelines.llm.engine import LLMEngine
 from taskrun.tasks.base import ModelCard, TaskError
 
 
+PREFILL_CHUNK = 512  # prompt tokens per forward pass while reading a prompt (see prefill)
+
+
 class TransformersLLM(LLMEngine):
     """A loaded transformers causal LM; ``fast`` is its lean FastLlama pass when it has one."""
 
@@ -107,23 +110,46 @@ class TransformersLLM(LLMEngine):
             self._texts = texts + [""] * (width - len(texts))
         return self._texts
 
+    def token_bytes(self) -> list[bytes]:
+        """Exact bytes per token (byte-level BPE pieces of half a character included), read by
+        llguidance from the fast tokenizer's own definition; a slow tokenizer gets the default."""
+        from transformers import PreTrainedTokenizerFast
+
+        if not isinstance(self.tok, PreTrainedTokenizerFast):
+            return super().token_bytes()
+        from llguidance.hf import from_tokenizer
+
+        width = self.model.config.vocab_size
+        lt = from_tokenizer(self.tok, n_vocab=max(width, len(self.tok)))
+        return [(b"\xff" if lt.is_special_token(i) else b"") + lt.decode_bytes([i]) for i in range(width)]
+
     # ----------------------------------------------------------------- forward passes
 
     def prefill(self, ids: list[int], room: int = 0):
+        """Read the prompt PREFILL_CHUNK tokens at a time: attention over a whole prompt at once
+        holds heads × n × n scores (a 7k-token prompt took 6.4 GB); in chunks it holds
+        heads × chunk × n, and the KV cache is the same."""
         import torch
 
+        step = PREFILL_CHUNK
         if self.fast is not None:
             f = self.fast
             f.reset()
             f.ensure(len(ids) + room)
-            return f.forward(torch.tensor(ids))
+            t = torch.tensor(ids)
+            for a in range(0, len(ids), step):
+                logits = f.forward(t[a:a + step])
+            return logits
         from transformers import DynamicCache
 
         dev = self.device
         self._cache, self._pos = DynamicCache(config=self.model.config), len(ids)
-        pos = torch.arange(len(ids), device=dev)[None]
-        return self._infer(input_ids=torch.tensor([ids], device=dev), cache=self._cache, use_cache=True,
-                           position_ids=pos, logits_to_keep=1).logits[0, -1]
+        for a in range(0, len(ids), step):
+            part = ids[a:a + step]
+            pos = torch.arange(a, a + len(part), device=dev)[None]
+            logits = self._infer(input_ids=torch.tensor([part], device=dev), cache=self._cache, use_cache=True,
+                                 position_ids=pos, logits_to_keep=1).logits[0, -1]
+        return logits
 
     def decode_step(self, token: int):
         import torch

@@ -1,5 +1,5 @@
 """Choosing the next token from an engine's logits: greedy, or temperature → top-k → top-p → a
-seeded draw, with a repeat penalty and an optional mask of allowed tokens.
+seeded draw, with a repeat penalty and an optional mask of allowed tokens (a grammar's).
 
 Every engine hands the decode loop its logits as a 1-D torch tensor over the vocabulary, so one
 sampler serves every runtime and a seed means the same draw whichever engine produced the logits.
@@ -20,7 +20,7 @@ class Sampling:
     top_k: int = 0  # 0: off
     seed: int = 0
     stop: tuple[str, ...] = ()
-    allowed: object = None  # a bool tensor over the vocabulary (see token_mask): only these may be drawn
+    grammar: str = ""  # an llguidance grammar (pipelines/llm/grammar.py): every token is held to it
     repeat_penalty: float = 1.0  # > 1 makes tokens already generated less likely (1 = off)
 
 
@@ -31,18 +31,12 @@ def generator(seed: int):
     return torch.Generator().manual_seed(seed)
 
 
-def token_mask(flags: list[bool]):
-    """``Sampling.allowed`` from one flag per token id (True: the token may be drawn)."""
-    import torch
-
-    return torch.tensor(flags, dtype=torch.bool)
-
-
-def sample(logits, s: Sampling, gen, history: list[int] = ()) -> int:
+def sample(logits, s: Sampling, gen, history: list[int] = (), allowed=None) -> int:
     """The next token: greedy at temperature 0, else temperature → top-k → top-p → a seeded draw.
 
     ``repeat_penalty`` divides the positive logits (multiplies the negative ones) of tokens this
     answer already holds, as llama.cpp and transformers do; small models otherwise fall into loops.
+    ``allowed`` (a bool tensor over the vocabulary) leaves only those tokens to draw from.
     """
     import torch
 
@@ -52,8 +46,8 @@ def sample(logits, s: Sampling, gen, history: list[int] = ()) -> int:
         v = logits[seen]
         logits[seen] = torch.where(v > 0, v / s.repeat_penalty, v * s.repeat_penalty)
 
-    if s.allowed is not None:  # a constraint (e.g. digits inside a JSON number)
-        logits = logits.float().masked_fill(~s.allowed, float("-inf"))
+    if allowed is not None:  # a grammar's next step
+        logits = logits.float().masked_fill(~allowed, float("-inf"))
     if s.temperature == 0:
         return int(torch.argmax(logits))
     logits = logits.float() / s.temperature
