@@ -1,0 +1,111 @@
+"""`run cache list | size | prune` on a private cache folder filled by taskrun's own code: a
+GGUF converted for transformers, the digest index, a search index; prune removes what list shows."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from taskrun.runner.cli import main
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A cache of its own: pruning must not touch the session cache the other tests share."""
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    monkeypatch.setenv("TASKRUN_CACHE_DIR", str(folder))
+    return folder
+
+
+def _cache(*args) -> dict:
+    r = CliRunner().invoke(main, ["cache", *args, "--json"])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)
+
+
+def _fill(cache, tiny_dir, tmp_path):
+    """Entries made the way jobs make them."""
+    from taskrun.models.resolve import resolve
+    from taskrun.pipelines.llm.gguf_convert import ensure_converted
+    from taskrun.pipelines.text.index import CorpusIndex
+    from tests.tiny import gguf_llama
+
+    ensure_converted(resolve(str(gguf_llama.build(tiny_dir))))  # gguf/<digest> and digests.json
+    CorpusIndex(cache / "search-index.sqlite")  # what search opens (pipelines/text/search.py)
+    (cache / "notes.txt").write_text("the user's own file, in a folder they pointed the cache at")
+
+
+def test_list_shows_every_entry_and_prune_removes_what_it_lists(cache, tiny_dir, tmp_path):
+    _fill(cache, tiny_dir, tmp_path)
+    listed = _cache("list")["entries"]
+    kinds = {e["kind"] for e in listed}
+    assert {"gguf", "digests", "search", "other"} <= kinds, listed
+    gguf = next(e for e in listed if e["kind"] == "gguf")
+    assert gguf["bytes"] > 10_000 and "tiny-llama.gguf" in gguf["what"]  # the source model is named
+    size = _cache("size")
+    assert size["bytes"] == sum(e["bytes"] for e in listed) and size["entries"] == len(listed)
+
+    dry = _cache("prune", "--all", "--dry-run")
+    assert sorted(dry["removed"]) == sorted(e["name"] for e in listed if e["kind"] != "other")
+    assert _cache("list")["entries"] == listed  # a dry run removes nothing
+
+    gone = _cache("prune", gguf["name"])
+    assert gone["removed"] == [gguf["name"]] and gone["freed_bytes"] == gguf["bytes"]
+    assert not (cache / gguf["name"]).exists()
+    left = _cache("prune", "--all")
+    assert sorted(left["removed"]) == sorted(e["name"] for e in listed if e["kind"] not in ("gguf", "other"))
+    assert [e["name"] for e in _cache("list")["entries"]] == ["notes.txt"]  # only what taskrun did not write
+    assert _cache("prune", "notes.txt")["removed"] == ["notes.txt"]  # ...which goes when named
+    assert os.listdir(cache) == []
+
+
+def test_older_than_keeps_recent_entries(cache, tmp_path):
+    (cache / "gguf" / "old").mkdir(parents=True)
+    (cache / "gguf" / "old" / "model.safetensors").write_bytes(b"x" * 100)
+    (cache / "digests.json").write_text("{}")
+    week_ago = time.time() - 8 * 86400
+    for p in (cache / "gguf" / "old" / "model.safetensors", cache / "gguf" / "old"):
+        os.utime(p, (week_ago, week_ago))
+    assert _cache("prune", "--older-than", "7")["removed"] == ["gguf/old"]
+    assert [e["name"] for e in _cache("list")["entries"]] == ["digests.json"]
+
+
+def test_prune_needs_a_choice_and_known_names(cache):
+    r = CliRunner().invoke(main, ["cache", "prune"])
+    assert r.exit_code == 2 and "--all" in r.output
+    r = CliRunner().invoke(main, ["cache", "prune", "gguf/nothing"])
+    assert r.exit_code == 2 and "no cache entry gguf/nothing" in r.output
+
+
+def test_text_output_names_sizes_and_the_folder(cache):
+    (cache / "digests.json").write_text("{}")
+    r = CliRunner().invoke(main, ["cache", "list"])
+    assert r.exit_code == 0 and "digests.json" in r.stdout and "sha256 digests" in r.stdout
+    assert str(cache) in r.stderr
+    r = CliRunner().invoke(main, ["cache", "size"])
+    assert r.exit_code == 0 and str(cache) in r.stdout and "digests" in r.stdout
+
+
+def test_every_cache_the_code_writes_is_a_known_kind():
+    """A new ``cache_dir() / "name"`` in the code must get its row in cache_cmd.KINDS, or `run cache
+    list` would call it "other" and --all would leave it."""
+    import re
+    from fnmatch import fnmatch
+    from pathlib import Path
+
+    from taskrun.pipelines.text.search import INDEX_FILE
+    from taskrun.runner.cache_cmd import KINDS
+
+    root = Path(__file__).resolve().parent.parent
+    named = {INDEX_FILE, "digests.json"}
+    for layer in ("runner", "pipelines", "models", "tasks"):
+        for f in (root / layer).rglob("*.py"):
+            named |= set(re.findall(r'cache_dir\(\)\s*/\s*"([^"]+)"', f.read_text()))
+    assert {"gguf", "llamacpp", "joined"} <= named  # the scan sees the known writers
+    for name in named:
+        assert any(fnmatch(name + "/x", pat) or fnmatch(name, pat) for pat, _, _ in KINDS), name
