@@ -14,6 +14,8 @@ import os
 
 import click
 
+from taskrun.runner import runlog
+from taskrun.runner.signals import Terminated, exit_code, handle_sigterm, stdout_gone
 from taskrun.tasks import REGISTRY
 from taskrun.tasks.base import Task, TaskError
 
@@ -27,7 +29,17 @@ EXTRA_COMMANDS: dict[str, str] = {
     "fit": "taskrun.runner.info:fit_cmd",
     "serve": "taskrun.runner.serve.command:serve_cmd",
     "batch": "taskrun.runner.batch.command:batch_cmd",
+    "chat": "taskrun.runner.chat:chat_cmd",
+    "cache": "taskrun.runner.cache_cmd:cache_cmd",
+    "bench": "taskrun.runner.bench_cmd:bench_cmd",
 }
+
+
+def shown(message: str) -> str:
+    """A message as the terminal shows it: control characters escaped, a huge one cut."""
+    from taskrun.runner.terminal import for_terminal
+
+    return for_terminal(message, 4000)
 
 
 def debug() -> bool:
@@ -60,10 +72,18 @@ class TaskRunGroup(click.Group):
         except TaskError as exc:
             if debug():
                 raise
-            raise click.ClickException(str(exc)) from None
+            raise click.ClickException(shown(str(exc))) from None  # escaped, cut at 4000 characters
         except click.exceptions.Exit:
             raise
-        except (click.ClickException, click.Abort, KeyboardInterrupt):
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (runner/signals.py): the job's row says so
+            if debug():
+                raise
+            click.echo(f"\ninterrupted{' by SIGTERM' if isinstance(exc, Terminated) else ''}", err=True)
+            ctx.exit(exit_code(exc))
+        except BrokenPipeError:  # `| head -1`: the reader has what it wanted; end quietly, as cat does
+            stdout_gone()
+            ctx.exit(0)
+        except (click.ClickException, click.Abort):
             raise
         except Exception as exc:
             if debug():
@@ -79,15 +99,34 @@ def _log_usage_failure(task: str, message: str) -> None:
     from taskrun.runner.runlog import RunLog
 
     try:
-        RunLog().append({"id": new_id(), "task": task, "status": "failed", "error": message,
-                         "started_at": datetime.now(timezone.utc).isoformat(timespec="milliseconds")})
-    except Exception:  # the usage error is what the user must see; never mask it
+        log = RunLog()
+        if log.problem is None:  # the usage error is what the user must see: no warning beside it
+            log.append({"id": new_id(), "task": task, "status": "failed", "error": message,
+                        "started_at": datetime.now(timezone.utc).isoformat(timespec="milliseconds")})
+    except Exception:  # never mask the usage error
         pass
+
+
+def _no_log_text(ctx: click.Context, param, value: bool) -> None:
+    """--no-log-text: this command's jobs keep no texts in the run log (metrics and digests only)."""
+    if not value:
+        return
+    previous, runlog.text_override = runlog.text_override, False
+
+    def restore() -> None:
+        runlog.text_override = previous
+    ctx.find_root().call_on_close(restore)
+
+
+NO_LOG_TEXT_HELP = ("Keep no prompts, answers or transcripts in the run log, only metrics and digests "
+                    "[env TASKRUN_LOG_TEXT=0; config: [log] text = false].")
 
 
 @click.group(cls=TaskRunGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="taskrun", message="taskrun %(version)s")
-def main():
+@click.option("--no-log-text", is_flag=True, expose_value=False, callback=_no_log_text, help=NO_LOG_TEXT_HELP)
+@click.pass_context
+def main(ctx):
     """taskrun: name the task, then the input. Each task has its own options, results and metrics.
 
     \b
@@ -96,6 +135,7 @@ def main():
       run embed "a sentence"          vectors
       run classify photo.jpg          labels with scores
     """
+    ctx.call_on_close(handle_sigterm())  # SIGTERM ends a job as Ctrl-C does; put back after
 
 
 # --------------------------------------------------------------------------- task commands
@@ -162,6 +202,8 @@ def _common_params(task: Task) -> list[click.Parameter]:
         click.Option(["--log-db"], type=click.Path(dir_okay=False), envvar="TASKRUN_LOG_DB",
                      help="Run log SQLite file [env TASKRUN_LOG_DB]."),
         click.Option(["-q", "--quiet"], is_flag=True, help="No progress or metrics on stderr."),
+        click.Option(["--no-log-text"], is_flag=True, expose_value=False, callback=_no_log_text,
+                     help=NO_LOG_TEXT_HELP),
         click.Option(["--server"], envvar="TASKRUN_SERVER", metavar="URL",
                      help="Run the job on a warm `run serve` at URL (e.g. http://127.0.0.1:8080); the "
                           "output is a local run's. Inputs are read here and sent; the server logs the "

@@ -7,6 +7,7 @@ import json
 import click
 
 from taskrun.runner.output import fmt_value, print_json
+from taskrun.runner.terminal import for_terminal
 from taskrun.tasks.base import TaskError
 
 
@@ -78,7 +79,9 @@ def models_cmd(json_mode, offline):
               help="Weights and KV cache dtype (taskrun's CPU default is float32).")
 @click.option("--json", "json_mode", is_flag=True, help="Print the estimate as JSON.")
 @click.option("--offline", is_flag=True, help="Never reach the network for models.")
-def fit_cmd(model, context, batch, dtype, json_mode, offline):
+@click.option("--runtime", default=None, help="Estimate for this runtime (default: the model's, as "
+              "`run generate` picks it; llama.cpp for a GGUF, transformers otherwise).")
+def fit_cmd(model, context, batch, dtype, json_mode, offline, runtime):
     """Estimate whether MODEL fits in memory at --context tokens and --batch sequences.
 
     Reads only the model's config (or GGUF header): nothing is loaded. Memory = weights (at
@@ -89,14 +92,14 @@ def fit_cmd(model, context, batch, dtype, json_mode, offline):
 
     if context <= 0 or batch <= 0:
         raise TaskError("--context and --batch must be at least 1")
-    est = estimate(model, context, batch, dtype, offline)
+    est = estimate(model, context, batch, dtype, offline, runtime)
     if json_mode:
         click.echo(json.dumps(est))
         return
     gib = 1024 ** 3
     click.echo(f"model      {est['model']} ({est['architecture']}, {est['params'] / 1e6:.0f}M parameters, "
                f"{est['layers']} layers, window {est['max_context']})")
-    click.echo(f"weights    {est['weights_bytes'] / gib:.2f} GiB ({dtype})")
+    click.echo(f"weights    {est['weights_bytes'] / gib:.2f} GiB ({est['dtype']}, {est['runtime']})")
     click.echo(f"kv cache   {est['kv_bytes'] / gib:.2f} GiB ({context} tokens × batch {batch})")
     click.echo(f"overhead   {est['overhead_bytes'] / gib:.2f} GiB (runtime, activations)")
     click.echo(f"total      {est['total_bytes'] / gib:.2f} GiB; available {est['available_bytes'] / gib:.2f} GiB")
@@ -109,31 +112,52 @@ def fit_cmd(model, context, batch, dtype, json_mode, offline):
 
 
 @click.group("logs", invoke_without_command=True)
-@click.option("-n", "limit", default=20, show_default=True, help="How many recent runs.")
+@click.option("-n", "limit", default=20, show_default=True, type=click.IntRange(min=1),
+              help="How many recent runs.")
 @click.option("--task", help="Only runs of this task.")
 @click.option("--chain", "chain_id", help="Only the stages of this chain id.")
+@click.option("--search", "text", metavar="TEXT",
+              help="Only runs whose kept texts (prompts, answers, transcripts) hold every word of TEXT.")
 @click.option("--json", "json_mode", is_flag=True)
 @click.option("--log-db", type=click.Path(dir_okay=False), envvar="TASKRUN_LOG_DB")
 @click.pass_context
-def logs_cmd(ctx, limit, task, chain_id, json_mode, log_db):
-    """Recent runs from the run log (`run logs show ID` for one whole)."""
+def logs_cmd(ctx, limit, task, chain_id, text, json_mode, log_db):
+    """Recent runs from the run log (`run logs show ID` for one whole, with its texts).
+
+    A job killed before it could finish its row (SIGKILL, a power cut) is shown as interrupted
+    once its process is gone."""
     from taskrun.runner.runlog import RunLog
 
     ctx.obj = {"log_db": log_db}
     if ctx.invoked_subcommand:
         return
-    rows = RunLog(log_db).recent(limit, task=task, chain_id=chain_id)
+    log = RunLog(log_db)
+    if text is not None:
+        if chain_id:
+            raise TaskError("--search and --chain cannot be combined; search, then `run logs show ID`")
+        rows = log.search(text, limit, task=task)
+    else:
+        rows = log.recent(limit, task=task, chain_id=chain_id)
     if json_mode:
         print_json(rows)
         return
     if not rows:
-        click.echo("no runs logged yet", err=True)
+        click.echo("no runs found" if text is not None else "no runs logged yet", err=True)
     for r in rows:
-        status = {"ok": "ok", "partial": "PARTIAL", "failed": "FAILED"}.get(r["status"], r["status"])
-        wall = (r.get("metrics") or {}).get("wall_s")
-        click.echo(f"{r['id']}  {r['started_at'][:19]}  {r['task']:<10} {status:<7} "
-                   f"{r.get('model') or '-':<18} {fmt_value(wall) + 's' if wall is not None else '':>8}  "
-                   f"{(r.get('error') or r.get('summary') or '')[:70]}")
+        click.echo(_log_line(r))
+
+
+_STATUS = {"ok": "ok", "partial": "PARTIAL", "failed": "FAILED", "interrupted": "INTERRUPTED",
+           "running": "running"}
+
+
+def _log_line(r: dict) -> str:
+    status = _STATUS.get(r["status"], r["status"])
+    wall = (r.get("metrics") or {}).get("wall_s")
+    what = (r.get("error") or r.get("summary") or "").replace("\n", " ")
+    what = for_terminal(what if len(what) <= 70 else what[:69] + "…")
+    return (f"{r['id']}  {r['started_at'][:19]}  {r['task']:<10} {status:<7} "
+            f"{r.get('model') or '-':<18} {fmt_value(wall) + 's' if wall is not None else '':>8}  {what}")
 
 
 @logs_cmd.command("show")
@@ -141,11 +165,13 @@ def logs_cmd(ctx, limit, task, chain_id, json_mode, log_db):
 @click.option("--log-db", type=click.Path(dir_okay=False), envvar="TASKRUN_LOG_DB")
 @click.pass_context
 def logs_show(ctx, run_id, log_db):
-    """One run, whole, as JSON."""
+    """One run, whole, as JSON, with the texts it kept."""
     from taskrun.runner.runlog import RunLog
 
-    row = RunLog(log_db or (ctx.obj or {}).get("log_db")).get(run_id)
+    log = RunLog(log_db or (ctx.obj or {}).get("log_db"))
+    row = log.get(run_id)
     if row is None:
         raise click.ClickException(f"no run with id {run_id} (or the prefix matches several); "
                                    f"`run logs` lists them")
+    row["texts"] = log.texts(row["id"])
     click.echo(json.dumps(row, indent=2, ensure_ascii=False))

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any
 
 from taskrun.tasks.base import Input, Task, TaskError, make_options
-from taskrun.tasks.inputs import expand_folder, file_input, lines_of, text_input
+from taskrun.tasks.inputs import file_input, lines_of, sniff, text_input
 
 
 def gather_inputs(task: Task, args: tuple[str, ...], files: tuple[str, ...]) -> list[Input]:
@@ -26,7 +28,7 @@ def gather_inputs(task: Task, args: tuple[str, ...], files: tuple[str, ...]) -> 
     for f in files:
         out += _path_inputs(task, Path(f))
     if not args and not files and not sys.stdin.isatty():
-        data = sys.stdin.read()
+        data = read_stdin()
         if data.strip():
             if not takes_text:
                 raise TaskError(f"{task.name} takes {task.takes}, not text on stdin; name the files")
@@ -36,6 +38,20 @@ def gather_inputs(task: Task, args: tuple[str, ...], files: tuple[str, ...]) -> 
             else:
                 out.append(text_input(data, "stdin"))
     return out
+
+
+def read_stdin() -> str:
+    """stdin as text: UTF-8 (a BOM is dropped), or a clear error naming the fix. Decoded here, not
+    by Python's stdin, whose errors (or silently kept surrogates, in a C locale) name no fix."""
+    buffer = getattr(sys.stdin, "buffer", None)
+    if buffer is None:  # a text-only stdin (an embedding program's)
+        return sys.stdin.read()
+    data = buffer.read()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise TaskError(f"stdin is not UTF-8 text (byte {exc.start}: {data[exc.start:exc.start + 1]!r}); "
+                        f"convert it first, e.g. `iconv -f latin1 -t utf-8`") from None
 
 
 def is_path(arg: str) -> bool:
@@ -53,11 +69,48 @@ def _path_inputs(task: Task, p: Path) -> list[Input]:
         # A folder given to a task that takes files (images, audio) means those files: notes
         # or READMEs beside the photos are not inputs.
         kinds = tuple(k for k in task.input_kinds if k != "text") or task.input_kinds
-        return [file_input(f) for f in expand_folder(p, kinds)]
-    inp = file_input(p)
+        return folder_inputs(p, kinds)
+    try:
+        inp = file_input(p)
+    except OSError as exc:
+        raise TaskError(f"cannot read {p} ({exc.strerror or exc})") from None
     if inp.kind == "text" and "text" in task.input_kinds and task.text_file == "lines":
         return lines_of(p)
     return [inp]
+
+
+def folder_inputs(folder: Path, kinds: tuple[str, ...]) -> list[Input]:
+    """The files of ``folder`` whose kind is one of ``kinds`` (sorted, recursive, hidden and empty
+    files left out, links not followed out of it). A file that cannot be read (no permission, not a
+    regular file, text that is not UTF-8) is not dropped in silence: it becomes an input of kind
+    ``unreadable`` that the job reports as a failed item, so the batch finishes the rest and exits
+    non-zero, as a batch that meets a bad file does."""
+    out: list[Input] = []
+
+    def failed(f: Path, why: str) -> None:
+        out.append(Input(source=str(f), kind="unreadable", text=f"{f}: cannot read it ({why})", path=str(f)))
+
+    for top, dirs, names in os.walk(folder, onerror=lambda exc: failed(Path(exc.filename or folder),
+                                                                       exc.strerror or str(exc))):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(n for n in names if not n.startswith(".")):
+            f = Path(top) / name
+            try:
+                st = f.lstat()
+                if stat.S_ISLNK(st.st_mode):
+                    st = f.stat()
+                if not stat.S_ISREG(st.st_mode):
+                    failed(f, "not a regular file")
+                elif st.st_size and sniff(f) in kinds:
+                    out.append(file_input(f))
+            except OSError as exc:
+                failed(f, exc.strerror or str(exc))
+            except TaskError as exc:
+                out.append(Input(source=str(f), kind="unreadable", text=str(exc), path=str(f)))
+    out.sort(key=lambda i: i.source)
+    if not out:
+        raise TaskError(f"{folder} holds no {' or '.join(kinds)} files")
+    return out
 
 
 def options_from(task: Task, values: dict[str, Any], fmt: str | None = None) -> Any:

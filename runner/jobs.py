@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable
 
+from taskrun.runner.signals import Terminated
 from taskrun.tasks import events as ev
 from taskrun.tasks.base import Input, ModelCard, Task, TaskError, to_jsonable
 from taskrun.tasks.clock import Clock
@@ -47,6 +48,8 @@ class JobRecord:
     chain_id: str | None = None
     stage: int | None = None
     notes: list[str] = field(default_factory=list)  # the job's Notices: a model switched, a cache rebuilt
+    texts: list[tuple[int, str, str]] = field(default_factory=list, repr=False)  # (item, role, text) to log
+    incomplete: int = 0  # items whose result is partial (a recording cut short): status partial
 
     @property
     def results(self) -> list[Any]:
@@ -109,6 +112,11 @@ def versions() -> dict:
     return out
 
 
+# The tasks whose texts the run log keeps (prompt and answer, text and summary, the transcript);
+# `run chat` runs generate jobs. Other tasks' inputs are only digested.
+TEXT_TASKS = frozenset({"generate", "summarize", "transcribe"})
+
+
 def new_id() -> str:
     # Time-ordered and unique across processes: sortable in `run logs`, safe under concurrency.
     return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:8]
@@ -129,6 +137,9 @@ def run_job(task: Task, get_inputs: Callable[[], list[Input]], options: Any | Ca
     rec = JobRecord(id=new_id(), task=task.name, chain_id=chain_id, stage=stage,
                     started_at=datetime.now(timezone.utc).isoformat(timespec="milliseconds"))
     emit = on_event or (lambda e: None)
+    inputs: list[Input] = []
+    if log is not None:  # the row of a job that is killed from here on: `run logs` shows it interrupted
+        log.append(start_row(rec, model))
     try:
         rec.options = options() if callable(options) else options
         inputs = get_inputs()
@@ -144,8 +155,12 @@ def run_job(task: Task, get_inputs: Callable[[], list[Input]], options: Any | Ca
     except TaskError as exc:
         rec.status, rec.error = "failed", str(exc)
         raise
-    except KeyboardInterrupt:
-        rec.status, rec.error = "failed", "interrupted"
+    except KeyboardInterrupt as exc:
+        rec.status = "interrupted"
+        rec.error = "interrupted by SIGTERM" if isinstance(exc, Terminated) else "interrupted (Ctrl-C)"
+        raise
+    except BrokenPipeError:  # the reader of stdout left (`| head -1`): not the job's failure
+        rec.status, rec.error = _outcome(rec) if _all_done(rec) else ("interrupted", PIPE_CLOSED)
         raise
     except Exception as exc:
         rec.status, rec.error = "failed", f"{type(exc).__name__}: {exc}"
@@ -154,8 +169,33 @@ def run_job(task: Task, get_inputs: Callable[[], list[Input]], options: Any | Ca
         rec.wall_s = clock.now()
         rec.peak_rss_mb = peak_rss_mb()
         if log is not None:
+            rec.texts = job_texts(task, inputs, rec)
             log.append(log_row(rec))
     return rec
+
+
+PIPE_CLOSED = "stopped: the reader of its output closed the pipe"
+
+
+def _all_done(rec: JobRecord) -> bool:
+    return rec.n_inputs > 0 and len(rec.items) + len(rec.errors) >= rec.n_inputs
+
+
+def job_texts(task: Task, inputs: list[Input], rec: JobRecord) -> list[tuple[int, str, str]]:
+    """(item, "input" | "output", text) for the run log's text table: the prompts or texts given
+    and the answers, summaries or transcripts made, for the tasks in TEXT_TASKS. Whether they are
+    kept is the log's choice (`--no-log-text`)."""
+    if task.name not in TEXT_TASKS:
+        return []
+    out = [(i, "input", inp.text) for i, inp in enumerate(inputs) if inp.kind == "text" and inp.text]
+    for it in sorted(rec.items, key=lambda x: x.index):
+        try:
+            text = task.handoff(it.result) if task.produces else getattr(it.result, "text", None)
+        except Exception:  # an odd result never costs the job its row
+            text = None
+        if isinstance(text, str) and text:
+            out.append((it.index, "output", text))
+    return out
 
 
 def _run(task: Task, inputs: list[Input], rec: JobRecord, clock: Clock, emit, *, model, runtime,
@@ -196,6 +236,7 @@ def _run(task: Task, inputs: list[Input], rec: JobRecord, clock: Clock, emit, *,
                 continue
             if isinstance(event, ev.Notice):
                 rec.notes.append(event.message)
+                rec.incomplete += bool(getattr(event, "partial", False))
             if isinstance(event, ev.Item):
                 rec.items.append(event)
             elif isinstance(event, ev.Done):
@@ -234,7 +275,7 @@ def _item_failed(rec: JobRecord, err: ev.ItemError, emit) -> None:
 def _outcome(rec: JobRecord) -> tuple[str, str | None]:
     """(status, error) of a job that ran to the end: failed when none of its inputs succeeded."""
     if not rec.errors:
-        return "ok", None
+        return ("partial" if rec.incomplete else "ok"), None
     if rec.items:
         return "partial", None
     return "failed", f"{len(rec.errors)} of {rec.n_inputs} inputs failed"
@@ -254,9 +295,20 @@ def _reindex(event, index: list[int]):
     return dataclasses.replace(event, index=index[event.index]) if event.index < len(index) else event
 
 
+def start_row(rec: JobRecord, model: str | None = None) -> dict:
+    """The row written as a job starts: enough to list it (the model as asked for, if named), and
+    the process that runs it."""
+    from taskrun.runner.liveness import stamp
+
+    return {"id": rec.id, "started_at": rec.started_at, "task": rec.task, "status": "running", "model": model,
+            "chain_id": rec.chain_id, "stage": rec.stage, **stamp()}
+
+
 def log_row(rec: JobRecord) -> dict:
+    from taskrun.runner.liveness import stamp
+
     card = rec.card
-    return {
+    return {**stamp(), "texts": rec.texts if rec.task in TEXT_TASKS else None,
         "id": rec.id, "started_at": rec.started_at, "task": rec.task,
         "model": card.name if card else None, "model_path": card.path if card else None,
         "model_digest": card.digest if card else None, "model_source": card.source if card else None,
@@ -264,7 +316,7 @@ def log_row(rec: JobRecord) -> dict:
         "options": to_jsonable(rec.options), "input_digest": rec.input_digest, "inputs": rec.n_inputs,
         "summary": summarize_items(rec), "metrics": rec.metrics_dict(), "versions": versions(),
         "status": rec.status, "error": rec.error, "chain_id": rec.chain_id, "stage": rec.stage,
-        "notes": rec.notes or None,
+        "notes": [*rec.notes, *(card.extra.get("ran", ()) if card else ())] or None,  # + a converted copy
     }
 
 
