@@ -10,6 +10,7 @@ import click
 from taskrun.runner.chains import ChainRun, StageView, check_chain, default_out_dir, load_chain, run_chain
 from taskrun.runner.output import EventPrinter, metrics_table, print_json
 from taskrun.runner.runlog import RunLog
+from taskrun.runner.terminal import for_terminal
 
 _common = [
     click.option("-o", "--output-dir", "out_dir", type=click.Path(file_okay=False),
@@ -42,7 +43,7 @@ class ChainView(StageView):
     def begin(self, i, step) -> None:
         if not self.json_mode and not self.quiet:
             title = f" {step.title}" if step.title else ""
-            click.secho(f"── stage {i + 1}/{self.n}:{title} ({step.task}) ──", err=True, bold=True)
+            click.secho(for_terminal(f"── stage {i + 1}/{self.n}:{title} ({step.task}) ──", 300), err=True, bold=True)
 
     def printer(self, i, task) -> EventPrinter:
         show_items = not self.only_last or i == self.n - 1
@@ -64,7 +65,7 @@ def _report(run: ChainRun, headline: str) -> None:
     for i, rec in enumerate(run.records):
         click.secho(f"\n[stage {i + 1}: {rec.task}]", err=True, bold=True)
         click.echo(metrics_table(rec), err=True)
-    click.secho(f"\n{headline} (chain id {run.chain_id}); artifacts in {run.out_dir}/", err=True)
+    click.secho(for_terminal(f"\n{headline} (chain id {run.chain_id}); artifacts in {run.out_dir}/"), err=True)
 
 
 @click.command("chain")
@@ -105,6 +106,6 @@ def ask_cmd(question, docs, out_dir, device, dtype, json_mode, offline, log_db, 
     hits = run.records[0].results[0].hits if run.records and run.records[0].results else []
     click.echo("\nSources:")
     for i, h in enumerate(hits, 1):
-        click.echo(f"  [{i}] {h.file}:{h.line_start}-{h.line_end}  (score {h.score:.3f})")
+        click.echo(for_terminal(f"  [{i}] {h.file}:{h.line_start}-{h.line_end}  (score {h.score:.3f})"))
     if not quiet:
         _report(run, f"ask: {run.wall_s:.2f} s")

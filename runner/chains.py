@@ -27,97 +27,40 @@ and runs it through the same run_steps as a chain file does.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
-import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from taskrun.runner.chain_file import (  # noqa: F401
+    CHAIN_DIR,
+    INPUT_KINDS,
+    Chain,
+    Step,
+    _typed_options,
+    available,
+    load_chain,
+    parse_chain,
+)
+from taskrun.runner.inputs import is_path
 from taskrun.runner.jobs import new_id, run_job
+from taskrun.runner.paths import check_writable_folder, confine
+from taskrun.runner.terminal import for_terminal
 from taskrun.tasks import REGISTRY, get_task
-from taskrun.tasks.base import Input, Task, TaskError, atomic_write, make_options, to_jsonable
+from taskrun.tasks.base import (
+    Input,
+    Task,
+    TaskError,
+    atomic_write,
+    make_options,
+    to_jsonable,
+)
 from taskrun.tasks.inputs import file_input, text_input
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
-CHAIN_DIR = Path(__file__).resolve().parent.parent / "configs" / "chains"
-INPUT_KINDS = ("text", "audio", "image", "path")
 _REF = re.compile(r"\{(\w+)\}")
-
-
-@dataclass
-class Step:
-    task: str
-    input: str | None = None  # the name of a chain input or an earlier output
-    template: str | None = None  # or: text built from named values
-    output: str | None = None
-    options: dict = field(default_factory=dict)
-    model: str | None = None
-    artifact: str | None = None  # file name in the output folder for this step's output
-    title: str = ""
-
-
-@dataclass
-class Chain:
-    name: str
-    description: str
-    inputs: dict[str, str]  # name → kind, in the order INPUT… arguments fill them
-    steps: list[Step]
-    path: str = ""
-
-
-def available() -> list[str]:
-    return sorted(p.stem for p in CHAIN_DIR.glob("*.toml"))
-
-
-def load_chain(name_or_file: str) -> Chain:
-    """A chain by name (configs/chains/NAME.toml) or from a TOML file; its shape checked."""
-    p = Path(name_or_file)
-    if not p.is_file():
-        p = CHAIN_DIR / f"{name_or_file}.toml"
-    if not p.is_file():
-        raise TaskError(f"no chain named '{name_or_file}': not a file, and not one of "
-                        f"{', '.join(available()) or 'the chains in configs/chains/'}")
-    try:
-        raw = tomllib.loads(p.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise TaskError(f"{p} is not valid TOML ({exc}); fix the chain file") from None
-    return parse_chain(raw, str(p))
-
-
-def parse_chain(raw: dict, path: str = "") -> Chain:
-    where = path or "the chain"
-    unknown = set(raw) - {"name", "description", "inputs", "steps"}
-    if unknown:
-        raise TaskError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; a chain has name, "
-                        f"description, inputs and [[steps]]")
-    inputs = raw.get("inputs") or {}
-    if not isinstance(inputs, dict) or not inputs:
-        raise TaskError(f"{where}: declare the chain's inputs, e.g. inputs = {{ recording = \"audio\" }}")
-    for n, kind in inputs.items():
-        if kind not in INPUT_KINDS:
-            raise TaskError(f"{where}: input '{n}' has kind '{kind}'; use one of {', '.join(INPUT_KINDS)}")
-    steps_raw = raw.get("steps") or []
-    if not steps_raw:
-        raise TaskError(f"{where}: a chain needs at least one [[steps]] table")
-    names = {f.name for f in dataclasses.fields(Step)}
-    steps = []
-    for i, s in enumerate(steps_raw, 1):
-        bad = set(s) - names
-        if bad:
-            raise TaskError(f"{where}: step {i} has unknown key(s) {', '.join(sorted(bad))}; "
-                            f"a step takes {', '.join(sorted(names))}")
-        if "task" not in s:
-            raise TaskError(f"{where}: step {i} names no task; add task = \"...\"")
-        steps.append(Step(**s))
-    return Chain(name=raw.get("name") or Path(path).stem, description=raw.get("description", ""),
-                 inputs=dict(inputs), steps=steps, path=path)
 
 
 # --------------------------------------------------------------------------- checking
@@ -161,11 +104,12 @@ def check_chain(chain: Chain, values: dict[str, str] | None = None) -> list[Any]
                 raise TaskError(f"chain {chain.name}: {label} output '{step.output}' is already "
                                 f"defined; give it another name")
             kinds[step.output] = task.produces
-        opts = {k: _fill(v, values) for k, v in step.options.items()}
+        where = f"chain {chain.name}" + (f" ({for_terminal(chain.path, 200)})" if chain.path else "")
+        opts = _typed_options(task, {k: _fill(v, values) for k, v in step.options.items()}, f"{where}: {label}")
         try:
             options.append(make_options(task.Options, opts) if values is not None else None)
         except TaskError as exc:
-            raise TaskError(f"chain {chain.name}: {label}: {exc}") from None
+            raise TaskError(f"{where}: {label}: {exc}") from None
     return options
 
 
@@ -195,8 +139,8 @@ def bind_inputs(chain: Chain, args: tuple[str, ...]) -> dict[str, str]:
         raise TaskError(f"chain {chain.name} takes {len(names)} input(s): {usage} (got {len(args)})")
     values = dict(zip(names, args))
     for n, v in values.items():
-        if chain.inputs[n] in ("audio", "image", "path") and not Path(v).exists():
-            raise TaskError(f"chain {chain.name}: input {n.upper()} = {v}: no such file or folder")
+        if chain.inputs[n] in ("audio", "image", "path") and not is_path(v):
+            raise TaskError(f"chain {chain.name}: input {n.upper()} = {for_terminal(v, 200)}: no such file or folder")
         if chain.inputs[n] == "text" and not v.strip():
             raise TaskError(f"chain {chain.name}: input {n.upper()} is empty; give some text")
     return values
@@ -277,11 +221,19 @@ def run_chain(chain: Chain, args: tuple[str, ...], out_dir: Path, *, device="aut
     values = bind_inputs(chain, args)
     options = check_chain(chain, values)
     t0 = time.perf_counter()
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise TaskError(f"cannot make the output folder {for_terminal(str(out_dir), 200)} "
+                        f"({exc.strerror or exc}); pick another with -o") from None
+    check_writable_folder(out_dir, "cannot write the chain's artifacts")
+    for i, step in enumerate(chain.steps, 1):  # before any model loads, not after the work
+        if step.artifact:
+            confine(out_dir, step.artifact, f"{for_terminal(chain.path, 200) or chain.name}: step {i} artifact")
     run = ChainRun(chain, new_id(), out_dir, values=dict(values))
     run_steps(run, view or StageView(), options, device=device, dtype=dtype, offline=offline, log=log)
     run.wall_s = time.perf_counter() - t0
-    atomic_write(out_dir / "chain.json", json.dumps(to_jsonable(run.to_json()), ensure_ascii=False, indent=1))
+    _artifact(run, out_dir / "chain.json", json.dumps(to_jsonable(run.to_json()), ensure_ascii=False, indent=1))
     return run
 
 
@@ -368,10 +320,12 @@ def _keep(run: ChainRun, i: int, step: Step, task: Task, rec: Any) -> None:
     if run.out_dir is None:
         return
     stem = f"{i + 1}-{step.output or step.task}"
-    atomic_write(run.out_dir / f"{stem}.json",
+    _artifact(run, run.out_dir / f"{stem}.json",
                  json.dumps(to_jsonable(rec.to_json()), ensure_ascii=False, indent=1))
     if outs is not None:
-        atomic_write(run.out_dir / (step.artifact or f"{stem}.txt"), "\n\n".join(outs).rstrip() + "\n")
+        where = f"{for_terminal(run.chain.path, 200) or run.chain.name}: step {i + 1} artifact"
+        target = confine(run.out_dir, step.artifact, where) if step.artifact else run.out_dir / f"{stem}.txt"
+        _artifact(run, target, "\n\n".join(outs).rstrip() + "\n")
 
 
 def default_out_dir(chain: Chain) -> Path:
@@ -382,3 +336,15 @@ def default_out_dir(chain: Chain) -> Path:
         n += 1
         d = Path(f"{base}-{n}")
     return d
+
+
+def _artifact(run: ChainRun, target: Path, text: str) -> None:
+    """Write one artifact; a folder removed or a disk filled while the chain ran is a clear error
+    (the stages that ran are in the run log under the chain id, and were shown as they ran)."""
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(target, text)
+    except (OSError, TaskError) as exc:
+        why = getattr(exc, "strerror", None) or str(exc)
+        raise TaskError(f"could not write {for_terminal(str(target), 200)} ({why}); the stages that ran "
+                        f"are in the run log (chain id {run.chain_id})") from None

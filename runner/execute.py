@@ -6,11 +6,23 @@ from __future__ import annotations
 from typing import Any
 
 import click
-
-from taskrun.runner.chains import ChainRun, FirstStep, NothingProduced, StageView, run_steps, then_chain
+from taskrun.runner.chains import (
+    ChainRun,
+    FirstStep,
+    NothingProduced,
+    StageView,
+    run_steps,
+    then_chain,
+)
 from taskrun.runner.inputs import gather_inputs, options_from
 from taskrun.runner.jobs import new_id
-from taskrun.runner.output import EventPrinter, check_output_path, emit, pick_format
+from taskrun.runner.output import EventPrinter, emit, pick_format
+from taskrun.runner.paths import (
+    check_cache_folder,
+    check_output_path,
+    check_side_outputs,
+    job_paths,
+)
 from taskrun.runner.runlog import RunLog
 from taskrun.tasks import get_task
 from taskrun.tasks.base import Task
@@ -43,7 +55,9 @@ def execute(task: Task, *, inputs, files, values, model, runtime, device, dtype,
     if fmt == "json":
         json_mode = True
     if output:
-        check_output_path(output)
+        check_output_path(output, job_paths(task, inputs, files, values))
+    check_side_outputs(task, values)
+    check_cache_folder(quiet)
     if server and not quiet:  # a lone job went to runner/remote.py; a chain runs here
         click.secho("note: --then chains run here, not on --server", err=True, fg="yellow")
     log = RunLog(log_db)
@@ -61,3 +75,7 @@ def execute(task: Task, *, inputs, files, values, model, runtime, device, dtype,
         total = sum(r.n_inputs for r in run.records)
         raise click.ClickException(f"{failed} of {total} inputs failed (see the errors above); "
                                    f"the others finished")
+    cut = [r for r in run.records if r.incomplete and not getattr(r.options, "allow_partial", False)]
+    if cut:  # a result made of what could be read (a recording cut short): shown, logged partial
+        raise click.ClickException(f"{sum(r.incomplete for r in cut)} result(s) are partial (see the "
+                                   f"warnings above); pass --allow-partial to accept them")

@@ -65,7 +65,8 @@ def require(ok: bool, message: str) -> None:
 class Input:
     """One input to a job: a text given inline, or a file whose kind was sniffed from its content.
 
-    ``kind`` is one of ``text``, ``image``, ``audio``, ``binary``.
+    ``kind`` is one of ``text``, ``image``, ``audio``, ``binary``, or ``unreadable`` (a file of a
+    folder that could not be read; ``text`` says why, and the job reports it as a failed item).
     """
 
     source: str  # what the user gave: a path, "arg 1", "stdin", "line 3 of notes.txt"
@@ -267,6 +268,8 @@ TASK_FOR_KIND = {"audio": "transcribe", "image": "classify", "text": "embed"}
 def check_input_kind(task: Task, inp: Input) -> None:
     if inp.kind in task.input_kinds:
         return
+    if inp.kind == "unreadable":  # a file of a folder that could not be read: its text says why
+        raise TaskError(inp.text or f"{inp.describe()} could not be read")
     if inp.kind == "binary":
         raise TaskError(f"{inp.describe()} is not text, an image or audio that taskrun can read; "
                         f"{task.name} takes {task.takes}")

@@ -14,11 +14,9 @@ import os
 import re
 import shutil
 import struct
-import tempfile
 from pathlib import Path
 
 import numpy as np
-
 from taskrun.tasks.base import ModelCard, TaskError
 
 _DTYPES = {0: np.float32, 1: np.int8, 2: np.int16, 3: np.int32, 4: np.float16}
@@ -163,7 +161,12 @@ def save_whisper_folder(model, tokenizer_file: str | Path, dst: str | Path,
                         alignment_heads=None, lang_ids=None) -> None:
     """Save a WhisperForConditionalGeneration with its processor and a generation config that
     knows the timestamp, language and task tokens (what generate(return_timestamps=True) needs)."""
-    from transformers import GenerationConfig, WhisperFeatureExtractor, WhisperProcessor, WhisperTokenizerFast
+    from transformers import (
+        GenerationConfig,
+        WhisperFeatureExtractor,
+        WhisperProcessor,
+        WhisperTokenizerFast,
+    )
 
     cfg = model.config
     english = cfg.vocab_size == 51864
@@ -232,22 +235,46 @@ def _source_max_length(src: Path) -> int | None:
 def converted_folder(card: ModelCard, root: Path) -> Path:
     """The transformers copy of a CTranslate2 Whisper model, converted once under ``root`` and
     reused while the source digest is unchanged. Written to a temporary folder and renamed, so
-    an interrupted conversion never leaves a half folder that looks finished."""
+    an interrupted conversion never leaves a half folder that looks finished; the folder is a
+    self-checking cache entry (models/cache_entry.py): damaged, it is removed and converted again
+    with one warning line, and temporary folders left by a killed conversion are cleaned here."""
+    from taskrun.models import cache_entry
+
     key = card.digest.split(":")[-1][:16]
     dst = root / "converted" / f"whisper-{key}"
-    if (dst / ".complete").exists():
-        return dst
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=dst.parent, prefix=f".{dst.name}."))
+    cache_entry.clean_stale(dst.parent)
+    if dst.exists():
+        why = cache_entry.problem(dst, card.digest)
+        if why is None:
+            return _ran(card, dst)
+        cache_entry.warn_rebuilt(why)
+        shutil.rmtree(dst, ignore_errors=True)
+    try:
+        tmp = cache_entry.temp_folder(dst)
+    except OSError as exc:
+        raise TaskError(f"cannot convert {card.name} for transformers: taskrun's cache {dst.parent} is not "
+                        f"writable ({exc.strerror or exc}); set TASKRUN_CACHE_DIR to a writable folder") from None
     try:
         convert(card.path, tmp)
-        (tmp / ".complete").write_text(card.digest + "\n")
+        (tmp / ".complete").write_text(card.digest + "\n")  # the marker older code and tests look for
+        cache_entry.write_manifest(tmp, card.digest)
         try:
             os.rename(tmp, dst)
-        except OSError:  # another process finished first: keep its folder
-            if not (dst / ".complete").exists():
+        except OSError:  # another process finished first: keep its folder if it is sound
+            if cache_entry.problem(dst, card.digest) is not None:
                 raise
+    except OSError as exc:
+        raise TaskError(f"cannot convert {card.name} into taskrun's cache {dst.parent} "
+                        f"({exc.strerror or exc}); free some space or set TASKRUN_CACHE_DIR") from None
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    return dst
+    return _ran(card, dst)
+
+
+def _ran(card: ModelCard, folder: Path) -> Path:
+    """Note on the card what actually runs: the converted folder and its digest (logged in notes)."""
+    from taskrun.models.cache_entry import digest_of
+
+    card.extra["ran"] = [f"ran the converted copy {folder} ({digest_of(folder)}) of the CTranslate2 model"]
+    return folder

@@ -8,6 +8,8 @@ reuses the rest, and forgets files that are gone. `run ask` searches the same in
 from __future__ import annotations
 
 import hashlib
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,14 +86,18 @@ class SearchPipeline(EncoderPipeline):
     def index(self, corpus: Path, options):
         """Bring the index up to date for ``corpus`` (yielding progress while embedding) and
         return the corpus's passages and vectors in file order."""
-        files = corpus_files(corpus)
+        files, skipped = corpus_files(corpus)
         store = CorpusIndex(cache_dir() / INDEX_FILE)
-        if store.damaged:
-            yield ev.Notice(f"the search index {store.path} could not be read ({store.damaged}); "
-                            f"it was rebuilt, so every file is embedded again")
         space, texts = self.space(options), {}
         for f in files:
-            texts[str(f.resolve())] = (f, read_text_file(f))
+            try:
+                texts[str(f.resolve())] = (f, read_text_file(f))
+            except (OSError, TaskError) as exc:
+                skipped.append((f, getattr(exc, "strerror", None) or str(exc)))
+        if skipped:
+            yield ev.Notice(_skipped_note(corpus, skipped))
+        if not texts:
+            raise TaskError(f"--corpus {corpus} has no text file that could be read")
         held = store.entries(space, list(texts))
         entries, todo = {}, {}
         for key, (_, text) in texts.items():
@@ -103,8 +109,14 @@ class SearchPipeline(EncoderPipeline):
                 cut = split_passages(text, "", options.passage_chars)
                 todo[key] = Entry(digest, [(p.line_start, p.line_end, p.text) for p in cut],
                                   np.zeros((0, self.engine.dim), np.float32))
+        if store.damaged:
+            yield ev.Notice(f"the search index {store.path} could not be read ({store.damaged}); it is "
+                            f"taskrun's own cache, so it was rebuilt and those files are embedded again")
         yield from self._embed(todo, options)
         dropped = store.update(space, todo, set(texts), str(corpus.resolve()) if corpus.is_dir() else None)
+        if store.unsaved:
+            yield ev.Notice(f"the search index {store.path} could not be written ({store.unsaved}); the "
+                            f"results are right, but the next search embeds the corpus again")
         entries.update(todo)
         return self._assemble(corpus, texts, entries, todo, dropped)
 
@@ -134,15 +146,39 @@ class SearchPipeline(EncoderPipeline):
                        files_dropped=dropped)
 
 
-def corpus_files(corpus: Path) -> list[Path]:
+def corpus_files(corpus: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """The text files of a corpus (a file, or a folder walked without following links; hidden
+    files, empty files and anything but regular files left out), and those that could not be
+    read, each with why."""
     if corpus.is_file():
-        return [corpus]
-    files = [f for f in sorted(corpus.rglob("*"))
-             if f.is_file() and not any(p.startswith(".") for p in f.relative_to(corpus).parts)
-             and f.suffix.lower() in CORPUS_SUFFIXES and f.stat().st_size and sniff(f) == "text"]
+        return [corpus], []
+    files, skipped = [], []
+
+    def unreadable(exc: OSError) -> None:
+        skipped.append((Path(exc.filename or corpus), exc.strerror or str(exc)))
+
+    for top, dirs, names in os.walk(corpus, onerror=unreadable):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(names):
+            f = Path(top) / name
+            if name.startswith(".") or f.suffix.lower() not in CORPUS_SUFFIXES:
+                continue
+            try:
+                st = f.lstat()
+                if stat.S_ISREG(st.st_mode) and st.st_size and sniff(f) == "text":
+                    files.append(f)
+            except OSError as exc:
+                skipped.append((f, exc.strerror or str(exc)))
     if not files:
-        raise TaskError(f"--corpus {corpus} holds no text or markdown files (.txt, .md, .rst)")
-    return files
+        more = f" ({len(skipped)} could not be read, e.g. {skipped[0][0]}: {skipped[0][1]})" if skipped else ""
+        raise TaskError(f"--corpus {corpus} holds no text or markdown files (.txt, .md, .rst){more}")
+    return sorted(files), skipped
+
+
+def _skipped_note(corpus: Path, skipped: list[tuple[Path, str]]) -> str:
+    shown = "; ".join(f"{f}: {why}" for f, why in skipped[:3])
+    more = f"; and {len(skipped) - 3} more" if len(skipped) > 3 else ""
+    return f"{len(skipped)} file(s) in --corpus {corpus} could not be read and are not searched ({shown}{more})"
 
 
 def split_passages(text: str, file: str, max_chars: int) -> list[Passage]:
