@@ -120,8 +120,15 @@ def annotate(image, result: Result, out: Path) -> str:
 
     from PIL import ImageDraw, ImageFont
 
+    from taskrun.tasks.image_files import original_scale
+
     canvas = image.copy()
     draw = ImageDraw.Draw(canvas)
+    sx, sy = original_scale(image)  # boxes are in the original's pixels; the image may be reduced
+    if (sx, sy) != (1.0, 1.0):
+        result = Result(result.input, canvas.width, canvas.height, [
+            Box(b.label, b.score, b.x0 / sx, b.y0 / sy, b.x1 / sx, b.y1 / sy,
+                [[x / sx, y / sy] for x, y in b.landmarks] if b.landmarks else None) for b in result.boxes])
     side = max(canvas.size)
     width = max(2, side // 300)
     try:

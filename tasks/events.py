@@ -49,9 +49,11 @@ class Progress:
 class Notice:
     """Something the user should know that is not an error: the runner prints it on stderr as one
     line and keeps it with the job (its JSON and run-log row). A model switched for the speech's
-    language, a damaged cache rebuilt."""
+    language, a damaged cache rebuilt. ``partial``: an item's result is incomplete (a recording
+    cut short was transcribed as far as it goes): the job's status becomes ``partial``."""
 
     message: str
+    partial: bool = False
 
 
 @dataclass(frozen=True)

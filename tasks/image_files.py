@@ -72,12 +72,36 @@ def _check_size(p: Path, w: int, h: int) -> None:
                         f"trust the file")
 
 
-def load_image(path: str | Path) -> Any:
-    """An upright RGB ``PIL.Image`` for ``path``.
+# Images are decoded at most this many pixels on their longest side (TASKRUN_DECODE_MAX_SIDE
+# overrides): the models look at fewer (EfficientNet 224, DETR 1333), and a 9990x9990 PNG decoded
+# whole took 6.1 GB in detect. MTCNN, which can use detail, is given --min-face on the original's
+# scale (pipelines/vision/faces.py). Measured on that PNG: peak RSS 0.71 GB at 2048 (1.26 GB at
+# 4096). JPEGs are decoded straight at a reduced scale, so their full size never exists in memory.
+DEFAULT_DECODE_SIDE = 2048
+ORIGINAL_SIZE = "taskrun.original_size"  # Image.info key: the upright size before the reduction
+
+
+def decode_side() -> int:
+    env = os.environ.get("TASKRUN_DECODE_MAX_SIDE", "")
+    try:
+        side = int(env) if env else DEFAULT_DECODE_SIDE
+    except ValueError:
+        side = 0
+    if side < 64:
+        raise TaskError(f"TASKRUN_DECODE_MAX_SIDE must be a whole number of pixels, at least 64 (got {env!r})")
+    return side
+
+
+def load_image(path: str | Path, max_side: int | None = None) -> Any:
+    """An upright RGB ``PIL.Image`` for ``path``, at most ``max_side`` (default: decode_side())
+    pixels on its longest side.
 
     Handles greyscale, palette (with or without transparency), RGBA, CMYK and 16-bit files;
     applies the EXIF orientation, so a phone photo taken sideways is read the way it is shown.
-    Transparent pixels are composited onto white (what a viewer shows), not black.
+    Transparent pixels are composited onto white (what a viewer shows), not black. A larger
+    picture is reduced as it is decoded (JPEG: by the decoder's own 1/2-1/8 scaling, so the full
+    size never exists in memory) and its upright original size is kept in
+    ``img.info[ORIGINAL_SIZE]`` (``original_scale`` maps coordinates back).
     """
     from PIL import ImageOps
 
@@ -90,17 +114,67 @@ def load_image(path: str | Path) -> Any:
         raise TaskError(f"{p} is empty (0 bytes); it is not an image")
     img = _open(p)
     _check_size(p, *img.size)
+    side = max_side or decode_side()
+    stored = img.size
     try:
+        if max(stored) > side and img.format == "JPEG":
+            k = side / max(stored)
+            img.draft(None, (max(1, int(stored[0] * k)), max(1, int(stored[1] * k))))
         img.load()
+        img = _shrink(img, side)
     except OSError as exc:  # "image file is truncated", broken streams
         raise TaskError(f"{p} is damaged or cut short ({exc}); re-export or re-download it") from None
     except Exception as exc:  # decoders raise SyntaxError, ValueError... for corrupt data
         raise TaskError(f"{p} could not be decoded ({type(exc).__name__}: {exc})") from None
+    reduced = img.size
     try:
         img = ImageOps.exif_transpose(img)
     except Exception:  # a malformed EXIF block: the pixels are fine, keep them as stored
         pass
-    return to_rgb(img)
+    turned = img.size != reduced
+    img = to_rgb(img)
+    if reduced != stored:
+        img.info[ORIGINAL_SIZE] = stored[::-1] if turned else stored
+    return img
+
+
+def _shrink(img: Any, side: int) -> Any:
+    """``img`` with its longest side at most ``side``: an integer box reduction first (cheap, and
+    a fair average of every pixel), then a Lanczos resize to the exact size."""
+    from PIL import Image
+
+    if max(img.size) <= side:
+        return img
+    if img.mode in ("P", "1") or img.mode.startswith("I;16"):  # modes resize cannot filter
+        wide = "RGBA" if "transparency" in img.info else "RGB"
+        img = img.convert({"P": wide, "1": "L"}.get(img.mode, "I"))
+    factor = max(img.size) // side
+    if factor >= 2:
+        img = img.reduce(factor)
+    if max(img.size) > side:
+        k = side / max(img.size)
+        img = img.resize((max(1, round(img.width * k)), max(1, round(img.height * k))), Image.LANCZOS)
+    return img
+
+
+def original_scale(img: Any) -> tuple[float, float]:
+    """(sx, sy): multiply coordinates on a decoded image by these to get the original picture's."""
+    w, h = img.info.get(ORIGINAL_SIZE, img.size)
+    return w / img.width, h / img.height
+
+
+def to_original(result: Any, img: Any) -> Any:
+    """A detect result found on a reduced decode, in the original picture's pixels (its boxes,
+    landmarks, width and height)."""
+    sx, sy = original_scale(img)
+    if (sx, sy) == (1.0, 1.0):
+        return result
+    result.width, result.height = img.info[ORIGINAL_SIZE]
+    for b in result.boxes:
+        b.x0, b.x1, b.y0, b.y1 = b.x0 * sx, b.x1 * sx, b.y0 * sy, b.y1 * sy
+        if b.landmarks:
+            b.landmarks = [[x * sx, y * sy] for x, y in b.landmarks]
+    return result
 
 
 def to_rgb(img: Any) -> Any:

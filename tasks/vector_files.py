@@ -19,8 +19,11 @@ def _matrix(vectors: Sequence[Any]):
     return np.stack(vectors).astype(np.float32) if len(vectors) else np.zeros((0, 0), np.float32)
 
 
-def _numbers(row) -> list[str]:
-    return [f"{x:.9g}" for x in row.tolist()]
+def _numbers(row, json_null: bool = False) -> list[str]:
+    """Each number to 9 significant digits; JSON has no NaN or infinity, so there they are null."""
+    import math
+
+    return [f"{x:.9g}" if not json_null or math.isfinite(x) else "null" for x in row.tolist()]
 
 
 def to_npy(texts: list[str], vectors: Sequence[Any]) -> bytes:
@@ -34,7 +37,7 @@ def to_npy(texts: list[str], vectors: Sequence[Any]) -> bytes:
 
 def to_jsonl(texts: list[str], vectors: Sequence[Any]) -> str:
     """One ``{"text": ..., "vector": [...]}`` object per line (``pandas.read_json(lines=True)``)."""
-    lines = [f'{{"text": {json.dumps(t, ensure_ascii=False)}, "vector": [{", ".join(_numbers(v))}]}}'
+    lines = [f'{{"text": {json.dumps(t, ensure_ascii=False)}, "vector": [{", ".join(_numbers(v, json_null=True))}]}}'
              for t, v in zip(texts, _matrix(vectors))]
     return "".join(line + "\n" for line in lines)
 

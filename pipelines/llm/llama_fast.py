@@ -195,11 +195,17 @@ class FastLlama:
             self.k[i, :, p0:p1] = qk[nh:]
             self.v[i, :, p0:p1] = qkv[:, self.q_size + self.kv_size:].view(t, nkv, d).transpose(0, 1)
             kc, vc = self.k[i, :, :p1], self.v[i, :, :p1]
+            # Batched (4-D) inputs: torch's CPU flash kernel takes them and holds a tile of the
+            # scores at a time; 3-D ones fall back to the math path, which holds heads x t x p1
+            # floats (1.8 GB per layer for a 7k-token prompt). Measured for a 512-token chunk
+            # after 6.5k tokens: 0.29 s and 0.3 GB peak against 0.89 s and 0.6 GB.
             if causal and p0 == 0:
-                att = F.scaled_dot_product_attention(q, kc, vc, is_causal=True, enable_gqa=True)
-            elif causal:  # a multi-token append after earlier tokens: explicit mask
+                att = F.scaled_dot_product_attention(q[None], kc[None], vc[None], is_causal=True,
+                                                     enable_gqa=True)[0]
+            elif causal:  # a multi-token append after earlier tokens (a prompt's later chunk)
                 mask = torch.ones(t, p1, dtype=torch.bool).tril(p0)
-                att = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, enable_gqa=True)
+                att = F.scaled_dot_product_attention(q[None], kc[None], vc[None], attn_mask=mask,
+                                                     enable_gqa=True)[0]
             else:  # one new token: grouped-query attention as two small products
                 # (SDPA's CPU path for grouped heads copies the cache per query group first)
                 g = nh // nkv

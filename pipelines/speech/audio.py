@@ -17,25 +17,12 @@ from typing import Iterator
 
 import numpy as np
 
+from taskrun.tasks.audio_files import AudioInfo, probe  # the header probe lives with the task's checks
 from taskrun.tasks.base import TaskError
 
 BLOCK_S = 10.0  # seconds decoded per read: small enough to bound memory, large enough to be fast
 FRAME_S = 0.02  # energy frame for choosing cut points
 QUIET_WINDOW_S = 0.2  # a cut needs this much quiet around it, not one silent sample
-
-
-@dataclass(frozen=True)
-class AudioInfo:
-    path: str
-    samplerate: int
-    channels: int
-    frames: int | None  # None: the container does not say (a browser's webm); the reader finds out
-    format: str
-    decoder: str = "soundfile"  # or "av" (PyAV)
-
-    @property
-    def duration_s(self) -> float:
-        return self.frames / self.samplerate if self.samplerate and self.frames else 0.0
 
 
 @dataclass(frozen=True)
@@ -55,100 +42,102 @@ class Chunk:
         return (self.start + len(self.samples)) / self.sr
 
 
-def probe(path: str | Path) -> AudioInfo:
-    """What the file holds, or a TaskError that says what is wrong with it and what to do."""
-    import soundfile as sf
-
-    p = Path(path)
-    if not p.exists():
-        raise TaskError(f"{p}: no such file")
-    if p.stat().st_size == 0:
-        raise TaskError(f"{p} is empty (0 bytes); give a recording")
-    try:
-        info = sf.info(str(p))
-    except Exception as exc:  # libsndfile reports every failure as one error type with a message
-        return _probe_av(p, exc)
-    if info.samplerate <= 0:
-        raise TaskError(f"{p} declares a sample rate of {info.samplerate} Hz; the header is broken. "
-                        f"Re-export the file (e.g. `sox in.wav -r 16000 out.wav`)")
-    if info.channels <= 0:
-        raise TaskError(f"{p} declares {info.channels} channels; the header is broken. Re-export the file")
-    return AudioInfo(str(p), int(info.samplerate), int(info.channels), int(info.frames), info.format)
+SHORT_S = 0.1  # decoded this much less than the header declares: the file was cut short
 
 
-def _probe_av(p: Path, sf_error: Exception) -> AudioInfo:
-    """What libsndfile could not read, through PyAV; when neither can, the error says why."""
-    from taskrun.pipelines.speech import av_audio
+@dataclass
+class ReadStats:
+    """What reading one file found wrong with it, for the pipeline to report as Notices: samples
+    that were not numbers, and audio the header declares but the file does not hold."""
 
-    if _wav_header_rate(_head(p)) == 0:  # FFmpeg would guess a rate: refuse, as sf does
-        raise _read_error(p, sf_error)
-    try:
-        rate, channels, frames, name = av_audio.probe(p)
-    except ValueError:
-        raise _read_error(p, sf_error) from None
-    if rate <= 0 or channels <= 0:
-        raise TaskError(f"{p} declares {rate} Hz and {channels} channels; the header is broken. "
-                        f"Re-export the file")
-    return AudioInfo(str(p), rate, channels, frames, name, decoder="av")
+    samplerate: int = 0
+    frames: int = 0  # decoded, at the file's own rate
+    expected: int | None = None  # what the header declares (None: it does not say)
+    ended: bool = True  # False: an Ogg stream without its end page
+    nonfinite: int = 0  # NaN or ±inf samples, zeroed
+    first_nonfinite_s: float | None = None
+    error: str | None = None  # the decoder's error when it stopped before the end
+    damage: str | None = None  # what the container walk found (pages failing their checksum)
 
+    @property
+    def missing_s(self) -> float | None:
+        """Seconds declared but not decoded; None when the header does not say how long it is."""
+        if self.expected is None or not self.samplerate:
+            return None
+        return max(0, self.expected - self.frames) / self.samplerate
 
-def _read_error(p: Path, exc: Exception) -> TaskError:
-    from taskrun.tasks.inputs import sniff_bytes
+    @property
+    def short(self) -> bool:
+        """Whether the file held less audio than its header declares (cut or damaged)."""
+        return bool(self.error or self.damage) or not self.ended or (self.missing_s or 0.0) > SHORT_S
 
-    head = _head(p)
-    msg = str(exc).split(":", 1)[-1].strip() or type(exc).__name__
-    rate = _wav_header_rate(head)
-    if rate == 0:
-        return TaskError(f"{p} declares a sample rate of 0 Hz; the header is broken. Re-export the file "
-                         f"(e.g. `sox -r 16000 -e signed -b 16 -c 1 -t raw <data> out.wav` if you know the rate)")
-    if sniff_bytes(head) == "audio":
-        return TaskError(f"{p} looks like audio but cannot be decoded ({msg}); the file is corrupt or "
-                         f"truncated, or its codec is unsupported: re-export it as wav, flac or m4a")
-    return TaskError(f"{p} is not an audio file taskrun can read ({msg}); give wav, flac, ogg, mp3, "
-                     f"m4a, opus, webm or a video with sound")
-
-
-def _head(p: Path) -> bytes:
-    """The first bytes of a file, without reading the rest (a recording can be gigabytes)."""
-    with open(p, "rb") as f:
-        return f.read(64)
-
-
-def _wav_header_rate(head: bytes) -> int | None:
-    """The sample rate field of a canonical WAV header, read by hand: libsndfile refuses a file
-    whose rate is 0 with a message that does not say so."""
-    import struct
-
-    if head[:4] == b"RIFF" and head[8:12] == b"WAVE" and head[12:16] == b"fmt " and len(head) >= 28:
-        return struct.unpack_from("<I", head, 24)[0]
-    return None
+    def notices(self, path: str, allowed: bool) -> list[tuple[str, bool]]:
+        """(message, partial) pairs: one for zeroed samples, one for a file cut short."""
+        out = []
+        if self.nonfinite:
+            out.append((f"{path}: {self.nonfinite} samples were not numbers (NaN or infinity), the first at "
+                        f"{self.first_nonfinite_s:.2f} s; they were read as silence. The file was "
+                        f"written by a faulty program: re-export it to be sure of the transcript", False))
+        if self.short:
+            got = self.frames / self.samplerate if self.samplerate else 0.0
+            why = f"decoding stopped: {self.error}" if self.error else self.damage or (
+                "its last page is missing" if not self.ended else
+                f"its header declares {self.expected / self.samplerate:.1f} s")
+            tail = ("Accepted: --allow-partial was given" if allowed else
+                    "The job exits non-zero; pass --allow-partial to accept a partial transcript")
+            out.append((f"{path} is cut short or damaged ({why}); transcribed the {got:.1f} s that "
+                        f"could be decoded. {tail}", True))
+        return out
 
 
-def read_blocks(path: str | Path, sr: int, block_s: float = BLOCK_S) -> Iterator[np.ndarray]:
-    """The file as float32 mono blocks at ``sr`` Hz; memory stays at one block however long it is."""
+def read_blocks(path: str | Path, sr: int, block_s: float = BLOCK_S,
+                stats: ReadStats | None = None) -> Iterator[np.ndarray]:
+    """The file as float32 mono blocks at ``sr`` Hz; memory stays at one block however long it is.
+
+    Samples that are not numbers (NaN, ±inf) are read as silence and samples beyond full scale
+    are clipped to it, as a player would: one such sample otherwise blinds a speech model's
+    level normalisation to a whole window. With ``stats``, a file that stops decoding part-way is
+    read as far as it goes and ``stats`` says what was missing; without, that is a TaskError.
+    """
     import soxr
 
     info = probe(path)
+    st = stats if stats is not None else ReadStats()
+    st.samplerate, st.ended, st.damage = info.samplerate, info.ended, info.damage
+    st.expected = info.expected_frames if info.decoder == "soundfile" else None  # PyAV's is an estimate
     block = max(1, int(block_s * info.samplerate))
     resampler = None if info.samplerate == sr else soxr.ResampleStream(
         info.samplerate, sr, 1, dtype="float32", quality="HQ")
-    got = 0
     try:
         for mono in _native_blocks(info, block):
-            got += len(mono)
+            mono = _sanitised(mono, st)
+            st.frames += len(mono)
             if resampler is not None:
                 mono = resampler.resample_chunk(np.ascontiguousarray(mono), last=False)
             if len(mono):
                 yield np.ascontiguousarray(mono, dtype=np.float32)
-        tail = resampler.resample_chunk(np.zeros(0, np.float32), last=True) if resampler else []
-        if len(tail):  # the resampler's filter delay, flushed
-            yield np.ascontiguousarray(tail, dtype=np.float32)
     except TaskError:
         raise
     except Exception as exc:  # a decode failure part-way through: a truncated or damaged file
-        where = f" after {got / info.samplerate:.1f} s" if got else ""
-        raise TaskError(f"{path} could not be decoded{where} ({exc}); the file is corrupt or "
-                        f"truncated: re-export it") from None
+        where = f" after {st.frames / info.samplerate:.1f} s" if st.frames else ""
+        if stats is None or not st.frames:
+            raise TaskError(f"{path} could not be decoded{where} ({exc or type(exc).__name__}); the file "
+                            f"is corrupt or truncated: re-export it") from None
+        st.error = f"{str(exc).strip() or type(exc).__name__}{where}"
+    tail = resampler.resample_chunk(np.zeros(0, np.float32), last=True) if resampler else []
+    if len(tail):  # the resampler's filter delay, flushed
+        yield np.ascontiguousarray(tail, dtype=np.float32)
+
+
+def _sanitised(mono: np.ndarray, st: ReadStats) -> np.ndarray:
+    """``mono`` with NaN/inf zeroed (counted in ``st``) and clipped to [-1, 1]."""
+    bad = ~np.isfinite(mono)
+    if bad.any():
+        if st.first_nonfinite_s is None:
+            st.first_nonfinite_s = (st.frames + int(np.argmax(bad))) / max(1, st.samplerate)
+        st.nonfinite += int(bad.sum())
+        mono = np.where(bad, np.float32(0), mono)
+    return np.clip(mono, -1.0, 1.0, dtype=np.float32)
 
 
 def _native_blocks(info: AudioInfo, block: int) -> Iterator[np.ndarray]:
@@ -160,12 +149,24 @@ def _native_blocks(info: AudioInfo, block: int) -> Iterator[np.ndarray]:
         return
     import soundfile as sf
 
+    step = max(1, min(block, info.samplerate))  # 1 s reads: a decode error loses at most 1 s
     with sf.SoundFile(info.path) as f:
+        pending: list[np.ndarray] = []
+        held = 0
         while True:
-            data = f.read(block, dtype="float32", always_2d=True)
+            try:
+                data = f.read(step, dtype="float32", always_2d=True)
+            except Exception:
+                if pending:  # what decoded before the damage is audio all the same
+                    yield np.concatenate(pending)
+                raise
             if len(data):
-                yield data.mean(axis=1, dtype=np.float32) if data.shape[1] > 1 else data[:, 0]
-            if len(data) < block:
+                pending.append(data.mean(axis=1, dtype=np.float32) if data.shape[1] > 1 else data[:, 0])
+                held += len(data)
+            if held >= block or (len(data) < step and pending):
+                yield np.concatenate(pending) if len(pending) > 1 else pending[0]
+                pending, held = [], 0
+            if len(data) < step:
                 break
 
 

@@ -2,7 +2,7 @@
 system ffmpeg is needed): m4a/mp4/aac as phones and Zoom record, webm/mkv and opus as browsers
 record, mp3, wma, amr, and the audio track of a video file.
 
-A leaf module (audio.py calls it; it calls nothing of taskrun's but TaskError): it streams the
+A leaf module (audio.py calls it; its header probe lives in tasks/audio_files.py): it streams the
 file's first audio stream as float32 mono blocks at the file's own rate, one block held at a time,
 whatever the length; audio.py resamples them as it does soundfile's.
 """
@@ -14,36 +14,13 @@ from typing import Iterator
 
 import numpy as np
 
-from taskrun.tasks.base import TaskError
-
 
 def probe(path: str | Path) -> tuple[int, int, int | None, str]:
-    """(sample rate, channels, frames or None when the container does not say, format name) of
-    the first audio stream. Raises ValueError when FFmpeg cannot open the file at all, and a
-    TaskError naming the file when it opens but holds no audio stream."""
-    import av
+    """The header probe, kept in tasks/audio_files.py so that a job checks it before any model
+    loads; see ``av_probe`` there."""
+    from taskrun.tasks.audio_files import av_probe
 
-    try:
-        container = av.open(str(path))
-    except (av.FFmpegError, OSError, UnicodeDecodeError) as exc:
-        raise ValueError(str(exc)) from None
-    with container:
-        if not container.streams.audio:
-            others = ", ".join(f"{s.type} ({s.codec_context.name})" for s in container.streams) or "nothing"
-            raise TaskError(f"{path} has no audio track (it holds {others}); transcribe needs a "
-                            f"recording with sound")
-        stream = container.streams.audio[0]
-        ctx = stream.codec_context
-        rate = int(ctx.sample_rate or stream.rate or 0)
-        channels = int(ctx.channels or 0)
-        seconds = None
-        if stream.duration and stream.time_base:
-            seconds = float(stream.duration * stream.time_base)
-        elif container.duration:  # microseconds (AV_TIME_BASE), the container's estimate
-            seconds = container.duration / 1_000_000
-        frames = None if seconds is None else int(round(seconds * rate))
-        name = container.format.name.split(",")[0]
-        return rate, channels, frames, f"{name} ({ctx.name})"
+    return av_probe(path)
 
 
 def blocks(path: str | Path, block: int, rate: int) -> Iterator[np.ndarray]:

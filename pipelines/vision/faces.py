@@ -18,6 +18,7 @@ from taskrun.pipelines.device import resolve_dtype, torch_threads
 from taskrun.pipelines.vision.batching import TorchVision, annotate_item, measured_run
 from taskrun.tasks.base import TaskError
 from taskrun.tasks.detect import Box, Metrics, Result
+from taskrun.tasks.image_files import original_scale, to_original
 
 
 class FacePipeline(TorchVision):
@@ -46,13 +47,15 @@ class FacePipeline(TorchVision):
 
             for index, image in batch:
                 x = torch.from_numpy(np.array(image)).permute(2, 0, 1).to(self.device)
-                boxes, points = self.model.detect(x, min_face=options.min_face)
+                # --min-face is in the original's pixels; a large picture was decoded reduced
+                min_face = max(12, round(options.min_face / max(original_scale(image))))
+                boxes, points = self.model.detect(x, min_face=min_face)
                 result = Result(input=inputs[index].describe(), width=image.width, height=image.height)
                 for b, p in zip(boxes.tolist(), points.tolist()):
                     if b[4] >= options.threshold:
                         result.boxes.append(Box("face", b[4], *b[:4],
                                                 landmarks=p if options.landmarks else None))
-                yield annotate_item(index, image, result, options, several, inputs)
+                yield annotate_item(index, image, to_original(result, image), options, several, inputs)
 
         with torch_threads(self.threads):
             yield from measured_run(inputs, options.batch_size, process, clock, "detect", Metrics)

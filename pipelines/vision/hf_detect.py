@@ -14,6 +14,7 @@ from taskrun.pipelines.vision.batching import annotate_item, measured_run
 from taskrun.pipelines.vision.hf_vision import load_hf_vision
 from taskrun.tasks.base import TaskError
 from taskrun.tasks.detect import Box, Metrics, Result
+from taskrun.tasks.image_files import to_original
 
 
 class DetectPipeline(Base):
@@ -69,7 +70,7 @@ class DetectPipeline(Base):
         def process(batch):
             for group in self._groups(batch):
                 for index, image, result in self._detect(group, inputs, options):
-                    yield annotate_item(index, image, result, options, several, inputs)
+                    yield annotate_item(index, image, to_original(result, image), options, several, inputs)
 
         yield from measured_run(inputs, options.batch_size, process, clock, "detect", Metrics)
 
