@@ -1,15 +1,17 @@
-"""transcribe: taskrun's two runtimes against faster-whisper and the transformers ASR pipeline
-called directly, on the same audio and weights in the same process, runs interleaved.
+"""transcribe: taskrun's two runtimes against faster-whisper (sequential greedy, beam 5, and its
+BatchedInferencePipeline) and the transformers ASR pipeline called directly, on the same audio and
+weights in the same process, runs interleaved (taskrun/runner/bench_core.py, as `run bench`).
 
-    python benchmarks/bench_transcribe.py [--quick] [--memory]
+    python benchmarks/bench_transcribe.py [--quick] [--long N] [--memory] [--wer-set]
 
-Speed: whisper-tiny.en on samples/meeting.wav (61 s, real speech with pauses). Each runtime at
-its default decoding, as a user gets it: ctranslate2 and faster-whisper with beam 5 and VAD (its
-own vad_filter); transformers and its ASR pipeline greedy. A greedy faster-whisper row compares
-the runtimes at the same decoding. rtf = seconds of processing ÷ seconds of
+Speed: whisper-tiny.en on samples/meeting.wav (61 s, real speech with pauses), or --long N
+copies of it in one file (long audio, where taskrun decodes windows as a batch). Each runtime
+at its default decoding, as a user gets it: ctranslate2 with beam 5 and VAD, transformers greedy;
+a greedy taskrun row shows the batched greedy decoder. rtf = seconds of processing ÷ seconds of
 audio (lower is faster), load excluded, median over rounds. --memory also measures peak RSS of a
-1-minute and a 1-hour file, each in a fresh process through the CLI.
-Writes benchmarks/results/transcribe.json.
+1-minute and a 1-hour file, each in a fresh process through the CLI. --wer-set compares greedy
+and beam 5 on every real speech sample the project has (the default beam is chosen by it).
+Writes benchmarks/results/transcribe.json (transcribe-long.json with --long, transcribe-wer-set.json).
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,42 +39,19 @@ REFERENCE = (ROOT / "samples" / "meeting.txt").read_text()
 # --------------------------------------------------------------------------- the four paths
 
 
-def taskrun_path(runtime: str | None, beam: int | None = None):
-    from taskrun.runner.jobs import run_job
-    from taskrun.tasks.inputs import file_input
-    from taskrun.tasks.transcribe import TASK, Options
+def taskrun_path(runtime: str | None, audio: Path, beam: int | None = None, batch: int = 1):
+    def load():
+        from taskrun.runner.jobs import run_job
+        from taskrun.tasks.inputs import file_input
+        from taskrun.tasks.transcribe import TASK, Options
 
-    def run() -> tuple[float, str]:
-        t = time.perf_counter()
-        rec = run_job(TASK, lambda: [file_input(AUDIO)], Options(beam_size=beam), model="whisper-tiny.en",
-                      runtime=runtime)
-        elapsed = time.perf_counter() - t - rec.load_s  # load is ~0 once cached; excluded as for the others
-        return elapsed, rec.results[0].text
-
-    return run
+        opts = Options(beam_size=beam, batch_size=batch)
+        return lambda: run_job(TASK, lambda: [file_input(audio)], opts, model="whisper-tiny.en",
+                               runtime=runtime, log=None).results[0].text
+    return load
 
 
-def faster_whisper_path(beam: int, vad: bool = True):
-    import soundfile as sf
-    from faster_whisper import WhisperModel
-
-    from taskrun.models.resolve import resolve
-    from taskrun.pipelines.device import cpu_threads
-
-    model = WhisperModel(resolve("whisper-tiny.en").path, device="cpu", compute_type="float32",
-                         cpu_threads=cpu_threads())
-
-    def run() -> tuple[float, str]:
-        t = time.perf_counter()
-        audio, _ = sf.read(AUDIO, dtype="float32")  # already 16 kHz mono
-        segments, _ = model.transcribe(audio, beam_size=beam, vad_filter=vad, language="en")
-        text = " ".join(s.text.strip() for s in segments)
-        return time.perf_counter() - t, text
-
-    return run
-
-
-def hf_pipeline_path():
+def hf_pipeline_path(audio_path: Path):
     import soundfile as sf
     import torch
     from transformers import pipeline
@@ -86,13 +64,12 @@ def hf_pipeline_path():
     folder = converted_folder(resolve("whisper-tiny.en"), cache_dir())  # the same weights
     asr = pipeline("automatic-speech-recognition", model=str(folder), device="cpu", dtype=torch.float32)
 
-    def run() -> tuple[float, str]:
-        t = time.perf_counter()
-        audio, sr = sf.read(AUDIO, dtype="float32")
+    def run() -> str:
+        audio, sr = sf.read(audio_path, dtype="float32")
         with torch.inference_mode():
             out = asr({"raw": audio, "sampling_rate": sr}, chunk_length_s=30, return_timestamps=True,
                       generate_kwargs={"num_beams": 1})
-        return time.perf_counter() - t, out["text"]
+        return out["text"]
 
     return run
 
@@ -142,17 +119,165 @@ def memory() -> dict:
     return rows
 
 
+# --------------------------------------------------------------------------- greedy or beam 5
+
+
+DEBIAN = Path("/usr/share/pocketsphinx/test/data")  # apt-get install pocketsphinx-testdata
+
+
+def speech_set(tmp: Path) -> list[tuple[str, Path, str, str, str | None]]:
+    """Every real speech sample the project has: (name, wav, reference, model, language). The
+    meeting recording; the LibriVox sentences, the playing cards and "go forward" from Debian's
+    pocketsphinx-testdata (skipped with a line when it is not installed); the espeak German."""
+    import numpy as np
+    import soundfile as sf
+
+    items = [("meeting.wav", AUDIO, REFERENCE, "whisper-tiny.en", None)]
+    if not DEBIAN.exists():
+        print(f"pocketsphinx-testdata is not installed ({DEBIAN} missing): its clips are left out")
+    else:
+        for folder, listing in (("librivox", "transcription"), ("cards", "cards.transcription")):
+            for line in (DEBIAN / folder / listing).read_text().splitlines():
+                text, name = line.rsplit("(", 1)
+                ref = text.replace("<s>", "").replace("</s>", "").strip()
+                items.append((f"{folder}/{name[:-1]}", DEBIAN / folder / f"{name[:-1]}.wav", ref,
+                              "whisper-tiny.en", None))
+        raw = np.fromfile(DEBIAN / "goforward.raw", dtype="<i2").astype(np.float32) / 32768
+        sf.write(tmp / "goforward.wav", raw, 16000)
+        items.append(("goforward", tmp / "goforward.wav", "go forward ten meters", "whisper-tiny.en", None))
+    items.append(("guten-morgen.wav (whisper-base)", ROOT / "samples" / "guten-morgen.wav",
+                  "Guten Morgen. Heute besprechen wir den Haushalt für das nächste Jahr.", "whisper-base", "de"))
+    return items
+
+
+def folded(text: str) -> str:
+    """Accents folded (für → fur), so the English-letter WER counts German words whole."""
+    import unicodedata
+
+    return "".join(c for c in unicodedata.normalize("NFKD", text) if not unicodedata.combining(c))
+
+
+def wer_set() -> dict:
+    """Greedy against beam 5 (taskrun's ctranslate2 runtime) on speech_set(): word errors per
+    sample and pooled over the set, the measure that chooses the default beam."""
+    from taskrun.runner.jobs import run_job
+    from taskrun.tasks.inputs import file_input
+    from taskrun.tasks.transcribe import TASK, Options
+    from tools.wer import words_of
+
+    rows, pooled = [], {1: [0.0, 0], 5: [0.0, 0]}
+    with tempfile.TemporaryDirectory() as d:
+        for name, path, ref, model, language in speech_set(Path(d)):
+            row = {"sample": name, "words": len(words_of(folded(ref)))}
+            for beam in (1, 5):
+                rec = run_job(TASK, lambda: [file_input(path)], Options(beam_size=beam, language=language),
+                              model=model, log=None)
+                hyp = rec.results[0].text
+                e = wer(folded(ref), folded(hyp))
+                row[f"beam{beam}"] = {"wer": round(e, 4), "text": hyp}
+                pooled[beam][0] += e * row["words"]
+                pooled[beam][1] += row["words"]
+            rows.append(row)
+            print(f"{name:<46} greedy {row['beam1']['wer']:.3f}   beam 5 {row['beam5']['wer']:.3f}", flush=True)
+    set_wer = {f"beam{b}": round(e / n, 4) for b, (e, n) in pooled.items()}
+    gap = round(100 * (set_wer["beam1"] - set_wer["beam5"]), 2)
+    choice = "beam 5" if gap > 0.5 else "greedy"
+    print(f"set WER: greedy {set_wer['beam1']:.4f}, beam 5 {set_wer['beam5']:.4f} ({pooled[1][1]} words); "
+          f"beam 5 better by {gap} points -> default {choice} (greedy unless beam wins by > 0.5)")
+    return {"samples": rows, "set_wer": set_wer, "beam5_better_by_points": gap, "default": choice,
+            "rule": "greedy unless beam 5 is better by more than 0.5 WER points, pooled over the set"}
+
+
 # --------------------------------------------------------------------------- main
+
+
+def long_audio(copies: int, folder: Path) -> Path:
+    """``copies`` of the meeting recording back to back: long audio, as one file."""
+    import numpy as np
+    import soundfile as sf
+
+    x, sr = sf.read(AUDIO, dtype="float32")
+    path = folder / f"meeting-x{copies}.wav"
+    sf.write(path, np.concatenate([x] * copies), sr)
+    return path
+
+
+def speed(audio: Path, copies: int, rounds: int, transformers: bool = True) -> dict:
+    import soundfile as sf
+
+    from taskrun.runner.bench_core import Contender, measure
+    from taskrun.runner.bench_suites import faster_whisper_run
+
+    audio_s = sf.info(audio).duration
+    contenders = [
+        Contender("taskrun (ctranslate2)", taskrun_path(None, audio), "taskrun", "default: beam 5, VAD"),
+        Contender("taskrun (ctranslate2), batched", taskrun_path(None, audio, None, 8), "taskrun",
+                  "beam 5, --batch-size 8"),
+        Contender("taskrun (ctranslate2), greedy", taskrun_path(None, audio, 1), "taskrun", "beam 1"),
+        Contender("taskrun (ctranslate2), greedy batched", taskrun_path(None, audio, 1, 8), "taskrun",
+                  "beam 1, --batch-size 8"),
+        Contender("faster-whisper direct", faster_whisper_run("whisper-tiny.en", [audio], 5, False), note="beam 5"),
+        Contender("faster-whisper direct, greedy", faster_whisper_run("whisper-tiny.en", [audio], 1, False),
+                  note="beam 1"),
+        Contender("faster-whisper batched, greedy", faster_whisper_run("whisper-tiny.en", [audio], 1, True),
+                  note="BatchedInferencePipeline, batch 8"),
+    ]
+    if transformers:
+        contenders += [Contender("taskrun (transformers)", taskrun_path("transformers", audio), "taskrun", "greedy"),
+                       Contender("transformers pipeline direct", lambda: hf_pipeline_path(audio), note="greedy")]
+    measured, order = measure(contenders, rounds)
+    reference = REFERENCE * copies
+    rows = {}
+    for m in measured:
+        med = statistics.median(m.runs_s)
+        text = m.output[0] if isinstance(m.output, list) else m.output
+        rows[m.name] = {"rtf": round(med / audio_s, 4), "seconds": round(med, 3),
+                        "runs_s": [round(t, 3) for t in m.runs_s], "wer": round(wer(reference, text), 4)}
+    s = {k: v["seconds"] for k, v in rows.items()}
+    ratios = {
+        "taskrun_ct2_speed_vs_faster_whisper": round(s["faster-whisper direct"] / s["taskrun (ctranslate2)"], 3),
+        "taskrun_ct2_speed_vs_faster_whisper_greedy": round(
+            s["faster-whisper direct, greedy"] / s["taskrun (ctranslate2)"], 3),
+        "taskrun_ct2_greedy_speed_vs_faster_whisper_greedy": round(
+            s["faster-whisper direct, greedy"] / s["taskrun (ctranslate2), greedy"], 3),
+        "taskrun_ct2_batched_speed_vs_taskrun_ct2": round(
+            s["taskrun (ctranslate2)"] / s["taskrun (ctranslate2), batched"], 3),
+        "taskrun_ct2_greedy_batched_speed_vs_faster_whisper_batched": round(
+            s["faster-whisper batched, greedy"] / s["taskrun (ctranslate2), greedy batched"], 3),
+    }
+    if transformers:
+        ratios["taskrun_transformers_time_over_faster_whisper"] = round(
+            s["taskrun (transformers)"] / s["faster-whisper direct"], 3)
+        ratios["taskrun_transformers_speed_vs_hf_pipeline"] = round(
+            s["transformers pipeline direct"] / s["taskrun (transformers)"], 3)
+    print(f"\nwhisper-tiny.en, {audio.name} ({audio_s:.1f} s), {os.cpu_count()} CPUs, load "
+          f"{os.getloadavg()[0]:.1f} (shared with other work: absolute numbers are noisy, ratios are same-run)")
+    print(f"{'path':<34} {'rtf':>7} {'median s':>9} {'WER':>6}")
+    for name, row in rows.items():
+        print(f"{name:<34} {row['rtf']:>7.4f} {row['seconds']:>9.3f} {row['wer']:>6.3f}")
+    for k, v in ratios.items():
+        print(f"{k:<54} {v}")
+    return {"audio": audio.name, "audio_s": round(audio_s, 3), "model": "whisper-tiny.en",
+            "decoding": "each path's default unless named", "cpus": os.cpu_count(), "machine_busy": True,
+            "load_average_1min": round(os.getloadavg()[0], 2), "paths": rows, "ratios": ratios, "order": order}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="2 rounds instead of 4")
+    ap.add_argument("--quick", action="store_true", help="1 round instead of 3")
+    ap.add_argument("--rounds", type=int, default=0, help="timed rounds (default 3, 1 with --quick)")
+    ap.add_argument("--long", type=int, default=0, metavar="N", help="N copies of the meeting in one file")
     ap.add_argument("--memory", action="store_true", help="also peak RSS for a 1-minute and a 1-hour file")
     ap.add_argument("--memory-only", action="store_true", help="only the memory measurement")
+    ap.add_argument("--wer-set", action="store_true", help="only greedy vs beam 5 on every real speech sample")
     args = ap.parse_args()
-    out = ROOT / "benchmarks" / "results" / "transcribe.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    results = ROOT / "benchmarks" / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    if args.wer_set:
+        out = results / "transcribe-wer-set.json"
+        out.write_text(json.dumps({**wer_set(), "command": "python " + " ".join(sys.argv)}, indent=1) + "\n")
+        return
+    out = results / ("transcribe-long.json" if args.long else "transcribe.json")
     mem = None
     if args.memory or args.memory_only:
         # First, while this process is small: a child's peak RSS (getrusage) starts from its
@@ -164,47 +289,11 @@ def main() -> None:
             old = json.loads(out.read_text()) if out.exists() else {}
             out.write_text(json.dumps({**old, "memory": mem}, indent=1) + "\n")
             return
-    import soundfile as sf
-
-    audio_s = sf.info(AUDIO).duration
-    paths = {"taskrun (ctranslate2)": taskrun_path(None), "faster-whisper direct": faster_whisper_path(5),
-             "taskrun (transformers)": taskrun_path("transformers"),
-             "transformers pipeline direct": hf_pipeline_path(),
-             "faster-whisper direct, greedy": faster_whisper_path(1)}
-    times: dict[str, list[float]] = {k: [] for k in paths}
-    texts = {}
-    for name, run in paths.items():  # warm-up: loads, conversion, first-call allocations
-        texts[name] = run()[1]
-    for r in range(2 if args.quick else 4):
-        for name, run in (paths.items() if r % 2 == 0 else reversed(list(paths.items()))):
-            t, texts[name] = run()
-            times[name].append(t)
-    rows = {}
-    for name in paths:
-        med = statistics.median(times[name])
-        rows[name] = {"rtf": round(med / audio_s, 4), "seconds": round(med, 3),
-                      "runs_s": [round(t, 3) for t in times[name]], "wer": round(wer(REFERENCE, texts[name]), 4)}
-    fw = rows["faster-whisper direct"]["seconds"]
-    ratios = {
-        "taskrun_ct2_speed_vs_faster_whisper": round(fw / rows["taskrun (ctranslate2)"]["seconds"], 3),
-        "taskrun_transformers_time_over_faster_whisper": round(rows["taskrun (transformers)"]["seconds"] / fw, 3),
-        "taskrun_transformers_time_over_faster_whisper_greedy": round(
-            rows["taskrun (transformers)"]["seconds"] / rows["faster-whisper direct, greedy"]["seconds"], 3),
-        "taskrun_transformers_speed_vs_hf_pipeline": round(
-            rows["transformers pipeline direct"]["seconds"] / rows["taskrun (transformers)"]["seconds"], 3),
-    }
-    print(f"\nwhisper-tiny.en, {AUDIO.name} ({audio_s:.1f} s), each runtime's default decoding, {os.cpu_count()} CPUs "
-          f"(shared with other work: absolute numbers are noisy, ratios are same-run)")
-    print(f"{'path':<32} {'rtf':>7} {'median s':>9} {'WER':>6}")
-    for name, row in rows.items():
-        print(f"{name:<32} {row['rtf']:>7.4f} {row['seconds']:>9.3f} {row['wer']:>6.3f}")
-    for k, v in ratios.items():
-        print(f"{k:<54} {v}")
-    result = {"audio": str(AUDIO.relative_to(ROOT)), "audio_s": round(audio_s, 3), "model": "whisper-tiny.en",
-              "decoding": "ctranslate2/faster-whisper beam 5 + VAD; transformers greedy",
-              "cpus": os.cpu_count(), "machine_busy": True, "paths": rows, "ratios": ratios,
-              "targets": {"taskrun_rtf": 0.05, "taskrun_ct2_speed_vs_faster_whisper": 0.95,
-                          "taskrun_transformers_time_over_faster_whisper": 1.5}}
+    with tempfile.TemporaryDirectory() as d:
+        audio = long_audio(args.long, Path(d)) if args.long else AUDIO
+        result = speed(audio, max(1, args.long), args.rounds or (1 if args.quick else 3),
+                       transformers=not args.long)
+    result["command"] = "python " + " ".join(sys.argv)
     if mem is not None:
         result["memory"] = mem
     out.write_text(json.dumps(result, indent=1) + "\n")

@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from taskrun.tasks.base import Task, TaskError, metric, option, require, to_jsonable
+from taskrun.tasks.base import Input, Task, TaskError, check_input_kind, metric, option, require, to_jsonable
 from taskrun.tasks.subtitles import cues_of
 
 WHISPER_WINDOW_S = 30.0  # Whisper hears 30 s at a time; a longer chunk would be cut off
@@ -32,10 +32,18 @@ class Options:
                                    help="Beam width for Whisper (1 = greedy). Default: the runtime's own, "
                                         "5 on ctranslate2 (faster-whisper's), 1 on transformers (its "
                                         "pipeline's; beam search there is several times slower on CPU).")
+    batch_size: int = option(1, "--batch-size",
+                             help="Windows of a long file decoded as one batch after its first (ctranslate2; "
+                                  "faster on long audio, but windows in a batch get no previous-text prompt).")
     word_timestamps: bool = option(False, "--word-timestamps",
                                    help="Also give each word's start and end; srt/vtt cues are then "
                                         "cut at the words' own times (estimated from the segment's "
                                         "without it).")
+    allow_partial: bool = option(False, "--allow-partial",
+                                 help="Accept a recording cut short or damaged (it holds less than its "
+                                      "header declares): its readable part is transcribed either way, "
+                                      "with a warning and the job logged as partial; without this the "
+                                      "command then exits non-zero.")
     max_line_width: int = option(42, "--max-line-width",
                                  help="srt/vtt: longest subtitle line, in characters (42: the broadcast "
                                       "convention); 0 keeps one cue per decoded segment, unwrapped.")
@@ -56,6 +64,7 @@ class Options:
                 f"hears at once (got {self.chunk_s:g}); long files are chunked automatically")
         require(self.beam_size is None or 1 <= self.beam_size <= 16,
                 f"--beam-size must be 1 to 16 (got {self.beam_size})")
+        require(1 <= self.batch_size <= 64, f"--batch-size must be 1 to 64 windows (got {self.batch_size})")
         require(self.max_line_width == 0 or self.max_line_width >= 10,
                 f"--max-line-width must be at least 10 characters, or 0 for unwrapped cues "
                 f"(got {self.max_line_width})")
@@ -154,6 +163,17 @@ def to_txt(items: list[Transcript]) -> str:
 
 
 class TranscribeTask(Task):
+    def check_input(self, inp: Input) -> None:
+        """Before any model loads: the file must be audio whose header can be read and that holds
+        samples (a header probe, milliseconds; tasks/audio_files.py)."""
+        check_input_kind(self, inp)
+        if not inp.path:
+            raise TaskError(f"{inp.source}: transcribe takes audio files, not text")
+        from taskrun.tasks.audio_files import probe
+
+        if probe(inp.path).frames == 0:
+            raise TaskError(f"{inp.path} holds no audio samples (0 s); give a recording with sound in it")
+
     def options_for_format(self, options: Options, fmt: str | None) -> Options:
         """The options a job needs to be written in ``fmt``: subtitles are cut at word boundaries,
         so srt/vtt ask the runtime for word timestamps (the runner calls this before the run)."""

@@ -294,7 +294,7 @@ def bad_files(d: Path) -> dict[str, Path]:
 
 @pytest.mark.parametrize("name,message", [
     ("empty", "empty"), ("text", "text file"), ("binary", "not text, an image or audio"),
-    ("truncated_flac", "corrupt or truncated"), ("rate0", "sample rate of 0"), ("m4a", "cannot be decoded"),
+    ("truncated_flac", "cut short"), ("rate0", "sample rate of 0"), ("m4a", "cannot be decoded"),
     ("corrupt_wav", "cannot be decoded"), ("zero", "no audio samples"),
 ])
 def test_bad_input_is_a_one_line_error(name, message, tmp_path, tiny_dir):
@@ -308,15 +308,18 @@ def test_a_truncated_wav_gives_the_audio_that_is_there(tmp_path, tiny_dir):
     good = (SAMPLES / "meeting.wav").read_bytes()
     path = tmp_path / "cut.wav"
     path.write_bytes(good[: 44 + 10 * SR * 2])  # the header still claims 61 s
-    out = job(path, "--model", build_ct2(tiny_dir))
+    out = job(path, "--model", build_ct2(tiny_dir), "--allow-partial")
     assert out["items"][0]["result"]["audio_s"] == pytest.approx(10.0, abs=0.01)
+    assert out["status"] == "partial" and "header declares 61.2 s" in out["notes"][0]
+    r = invoke(path, "--model", build_ct2(tiny_dir), "-q")  # not accepted: shown, then exit 1
+    assert r.exit_code == 1 and "pass --allow-partial" in r.output
 
 
 def test_a_bad_file_in_a_batch_does_not_stop_the_others(tmp_path, tiny_dir, speech):
     files = bad_files(tmp_path)
     r = invoke(files["rate0"], speech, "--model", build_ct2(tiny_dir), "--beam-size", "1", "-q")
     assert r.exit_code == 1
-    assert "rate0.wav: declares a sample rate of 0" in r.output and "1 of 2 inputs failed" in r.output
+    assert "rate0.wav declares a sample rate of 0" in r.output and "1 of 2 inputs failed" in r.output
 
 
 @pytest.mark.parametrize("vad", ["--vad", "--no-vad"])

@@ -19,6 +19,7 @@ configure_openmp()
 # float32 on CPU: the packaged weights are fp16, and CTranslate2 converts them at load; int8 costs
 # ~1.6 s more load for tiny.en and decoded no faster here (see benchmarks/bench_transcribe.py).
 _CPU_DTYPE = "float32"
+TAIL_S = 1.0  # speech left after a batched window's last timestamp that is decoded on its own
 
 
 def ct2_device(device: str) -> str:
@@ -60,6 +61,7 @@ class CT2WhisperEngine(SpeechEngine):
     """Whisper in a CTranslate2 folder (model.bin), decoded by faster-whisper."""
 
     runtime = "ctranslate2"
+    batch_windows = 64  # the most windows --batch-size may put in one batch (pipelines/speech/ct2_batch.py)
 
     def __init__(self, card, device="auto", dtype="auto"):
         if not (Path(card.path) / "model.bin").exists():
@@ -70,6 +72,7 @@ class CT2WhisperEngine(SpeechEngine):
         self.dtype = compute_type(dtype, self.device, card.extra)
         self.model = self._load()
         self.max_new_tokens = generation_limit(Path(card.path))
+        self._batch = None
 
     def _load(self):
         from faster_whisper import WhisperModel
@@ -91,6 +94,9 @@ class CT2WhisperEngine(SpeechEngine):
         return list(self.model.supported_languages)
 
     def decode(self, samples, options, state: FileState):
+        import ctranslate2
+
+        ctranslate2.set_random_seed(0)  # a temperature fallback samples: the same audio gives the same text
         language = state.language or (None if self.multilingual else "en")
         segments, info = self.model.transcribe(
             samples, language=language, task=options.task, beam_size=options.beam_size or 5,
@@ -105,6 +111,43 @@ class CT2WhisperEngine(SpeechEngine):
         for s in segments:
             words = [(w.start, w.end, w.word.strip(), w.probability) for w in s.words] if s.words else None
             yield Piece(s.start, s.end, s.text, words)
+
+    def decode_batch(self, windows, options, state: FileState):
+        """Consecutive windows of one file: the first alone, prompted with the text before it
+        (``state.previous``), the rest as one unprompted batch (pipelines/speech/ct2_batch.py).
+        A window that fails Whisper's checks in the batch is decoded again alone, with the
+        sequential decoder's temperature fallback."""
+        from taskrun.pipelines.speech.ct2_batch import BatchDecoder
+
+        if self._batch is None:
+            self._batch = BatchDecoder(self.model, self.max_new_tokens)
+        first = [list(self.decode(windows[0], options, state))] if state.previous.strip() else []
+        windows = windows[len(first):]
+        if not windows:
+            return first
+        language = state.language or (None if self.multilingual else "en")
+        state.language, batch = self._batch.decode(windows, options, language)
+        out = first
+        for pieces, samples in zip(batch, windows):
+            if pieces is None:
+                out.append(list(self.decode(samples, options, state)))
+            else:
+                out.append(pieces + self._tail(samples, pieces, options, state))
+        return out
+
+    def _tail(self, samples, pieces, options, state: FileState) -> list[Piece]:
+        """The speech after a window's last timestamp, decoded alone: Whisper often stops before
+        the last words of a full 30 s window, which the sequential decoder picks up by seeking to
+        the last timestamp and decoding on. The window holds only speech (VAD packed it), so
+        more than TAIL_S left over is words still to hear."""
+        done = max((p.end for p in pieces), default=0.0)
+        if len(samples) / self.sample_rate - done <= TAIL_S:
+            return []
+        prompt = FileState(state.language, state.previous + " " + " ".join(p.text.strip() for p in pieces))
+        tail = self.decode(samples[int(done * self.sample_rate):], options, prompt)
+        return [Piece(done + p.start, None if p.end is None else done + p.end, p.text,
+                      None if p.words is None else [(done + a, done + b, w, pr) for a, b, w, pr in p.words])
+                for p in tail]
 
     def detect_language(self, samples) -> tuple[str, float]:
         """(language code, probability) of ``samples`` (16 kHz mono), from Whisper's language

@@ -81,6 +81,19 @@ class SpeechEngine(ABC):
         """Raise TaskError for options this runtime cannot honour (before any audio is read).
         The language and translate checks every engine shares are the pipeline's, not this."""
 
+    # The most windows ``decode_batch`` takes at once (--batch-size is capped to it): 1 = the
+    # engine decodes one window at a time, whatever --batch-size says
+    batch_windows: int = 1
+
+    def decode_batch(self, windows: list[np.ndarray], options: Any, state: FileState) -> list[list[Piece]]:
+        """Several consecutive windows of one file, each prompted with ``state.previous`` (the
+        text before the first of them); pieces per window. This default decodes them one by one;
+        an engine that can batch overrides it and sets ``batch_windows``."""
+        out = []
+        for w in windows:
+            out.append(list(self.decode(w, options, state)))
+        return out
+
     @abstractmethod
     def decode(self, samples: np.ndarray, options: Any, state: FileState) -> Iterator[Piece]:
         """Transcribe one window (at most 30 s of float32 mono at ``sample_rate``) into pieces

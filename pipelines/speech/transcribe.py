@@ -151,9 +151,13 @@ class TranscribePipeline(EnginePipeline):
         segments: list[Segment] = []
         state = FileState(options.language)
         file_s = 0.0
+        read = audio.ReadStats()  # what the file lacked (cut short) or held that was not audio (NaN)
         try:
-            chunks = audio.chunked(audio.read_blocks(info.path, sr), sr, options.chunk_s,
+            chunks = audio.chunked(audio.read_blocks(info.path, sr, stats=read), sr, options.chunk_s,
                                    min(SEAM_S, options.chunk_s / 3))
+            batch: list[Window] = []
+            first = tally.chunks + 1  # the number of this file's first window in the job
+            size = max(1, min(options.batch_size, self.engine.batch_windows))
             for item in self._windows(chunks, options, tally):
                 if isinstance(item, audio.Chunk):  # read so far: progress over the file
                     file_s = item.end_s
@@ -161,11 +165,20 @@ class TranscribePipeline(EnginePipeline):
                                       round(tally.total_s, 2), "s", "audio")
                     continue
                 tally.chunks += 1
-                for seg in self._decode(item, options, state, segments):
-                    yield ev.Partial(seg, i)
+                batch.append(item)
+                # the file's first window alone (it names the language, and its text prompts the
+                # next batch's first window); then batch_windows at a time
+                if len(batch) >= (size if tally.chunks > first else 1):
+                    for seg in self._decode(batch, options, state, segments):
+                        yield ev.Partial(seg, i)
+                    batch = []
+            for seg in self._decode(batch, options, state, segments):  # the file's last windows
+                yield ev.Partial(seg, i)
         except TaskError as exc:
             yield _item_error(i, inp, exc)
             return
+        for message, partial in read.notices(info.path, getattr(options, "allow_partial", False)):
+            yield ev.Notice(message, partial=partial)
         tally.done_s += info.duration_s
         tally.audio_s += file_s
         result = Transcript(source=inp.source, text=join_text(segments),
@@ -174,16 +187,23 @@ class TranscribePipeline(EnginePipeline):
         tally.words += len(result.text.split())
         yield ev.Item(i, inp.source, result)
 
-    def _decode(self, window: Window, options: Any, state: FileState, segments: list[Segment]
+    def _decode(self, windows: list[Window], options: Any, state: FileState, segments: list[Segment]
                 ) -> Iterator[Segment]:
-        """One window through the engine, its pieces placed on the file's timeline after the
-        segments so far (appended to ``segments``, and to the prompt for the next window)."""
-        floor = segments[-1].end if segments else 0.0
-        pieces = self.engine.decode(window.samples, options, state)
-        for seg in place(pieces, 0.0, window.end_s, floor, timeline=window.to_file):
-            segments.append(seg)
-            state.previous = (state.previous + " " + seg.text)[-PROMPT_CHARS:]
-            yield seg
+        """Windows through the engine (one alone, or several with the engine's decode_batch), their
+        pieces placed on the file's timeline after the segments so far (appended to
+        ``segments``, and to the prompt for the window after them)."""
+        if len(windows) > 1:
+            decoded = self.engine.decode_batch([w.samples for w in windows], options, state)
+        elif windows:
+            decoded = [self.engine.decode(windows[0].samples, options, state)]
+        else:
+            decoded = []
+        for window, pieces in zip(windows, decoded):
+            floor = segments[-1].end if segments else 0.0
+            for seg in place(pieces, 0.0, window.end_s, floor, timeline=window.to_file):
+                segments.append(seg)
+                state.previous = (state.previous + " " + seg.text)[-PROMPT_CHARS:]
+                yield seg
 
     def _windows(self, chunks: Iterator[audio.Chunk], options: Any, tally: _Tally) -> Iterator[Any]:
         """What the model decodes: with VAD, the speech of consecutive chunks packed into windows
