@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import platform
-import random
 import sys
 import time
 from pathlib import Path
@@ -24,17 +23,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def sentences(n: int, seed: int = 0) -> list[str]:
-    """Mixed-length English sentences: 3 to ~120 words, built from the sample docs' vocabulary."""
-    rng = random.Random(seed)
-    text = " ".join(p.read_text() for p in sorted((ROOT / "samples" / "docs").glob("*.md")))
-    words = [w.strip("#*.,;:()") for w in text.split() if w.strip("#*.,;:()")]
-    out = []
-    for _ in range(n):
-        k = int(min(120, max(3, rng.lognormvariate(2.6, 0.8))))
-        start = rng.randrange(len(words) - k)
-        out.append(" ".join(words[start:start + k]).capitalize() + ".")
-    return out
+from taskrun.runner.bench_suites import sentences  # noqa: E402  (shared with `run bench embed`)
 
 
 def main() -> None:

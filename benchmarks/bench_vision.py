@@ -33,29 +33,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 PHOTOS = sorted((ROOT / "samples" / "images").glob("*.jpg"))
 
 
-def reference_model(path: str):
-    import torch
-    from efficientnet_lite_pytorch import EfficientNet
-
-    model = EfficientNet.from_name("efficientnet-lite0")
-    model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
-    return model.eval()
-
-
-def reference_loop(model, files):
-    """The plain loop: one image at a time, float32, NCHW."""
-    import numpy as np
-    import torch
-    from PIL import Image
-
-    top1 = []
-    with torch.inference_mode():
-        for f in files:
-            img = Image.open(f).convert("RGB").resize((224, 224), Image.BILINEAR)
-            x = torch.from_numpy(np.asarray(img, dtype=np.float32) / 127.5 - 1.0).permute(2, 0, 1)
-            probs = torch.softmax(model(x.unsqueeze(0)), -1)[0]
-            top1.append(int(probs.argmax()))
-    return top1
+# the plain loop, shared with `run bench classify`
+from taskrun.runner.bench_suites import reference_loop, reference_model  # noqa: E402
 
 
 def main() -> None:

@@ -1,0 +1,98 @@
+"""`run bench TASK`: taskrun against the engine a user would otherwise pick, measured side by side
+in this process (runner/bench_core.py times, runner/bench_suites.py and bench_more.py say what).
+
+    run bench transcribe                      # vs faster-whisper (greedy, beam 5, batched)
+    run bench embed --against sentence-transformers --rounds 5
+    run bench classify --json > classify.json
+
+A reference that is not installed is skipped with a line saying so. Numbers from a busy machine
+are noisy: the ratios (same run, interleaved rounds) are what to compare.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from taskrun.tasks.base import TaskError
+
+SUITES = {
+    "transcribe": "taskrun.runner.bench_suites:transcribe",
+    "embed": "taskrun.runner.bench_suites:embed",
+    "classify": "taskrun.runner.bench_suites:classify",
+    "generate": "taskrun.runner.bench_more:generate",
+    "image": "taskrun.runner.bench_more:image",
+}
+
+
+def suite_for(task: str, model, against, data, quick):
+    import importlib
+
+    if task not in SUITES:
+        raise TaskError(f"run bench knows {', '.join(SUITES)}; not '{task}'")
+    mod, _, attr = SUITES[task].partition(":")
+    return getattr(importlib.import_module(mod), attr)(model, tuple(against), [Path(p) for p in data], quick)
+
+
+def bench(task: str, model: str | None = None, against: tuple[str, ...] = (), rounds: int = 3,
+          data: tuple[str, ...] = (), quick: bool = False, on_run=None) -> dict:
+    """Build TASK's suite, measure it (cold, one warm-up, ``rounds`` interleaved rounds) and
+    return the JSON result (runner/bench_core.py's report, with quality)."""
+    from taskrun.runner.bench_core import measure, report
+
+    suite = suite_for(task, model, against, data, quick)
+    measured, trace = measure(suite.contenders, rounds, on_run=on_run)
+    quality = suite.quality({m.name: m.output for m in measured}) if suite.quality else None
+    return report(suite.task, suite.model, rounds, suite.units, suite.unit, measured, suite.skipped, trace, quality)
+
+
+def table(result: dict) -> str:
+    unit = result["unit"]
+    lines = [f"{result['task']} · {result['model']} · {result['units_per_run']} {unit} per run · "
+             f"{result['rounds']} rounds · {result['host']['cpus']} CPUs (load {result['host']['load_average_1min']})",
+             f"{'contender':<26}{'cold s':>9}{'warm s':>9}{'spread':>8}{unit + '/s':>13}  quality / how"]
+    for r in result["contenders"]:
+        q = " ".join(f"{k}={v}" for k, v in (r.get("quality") or {}).items())
+        lines.append(f"{r['name']:<26}{r['cold_s']:>9.3f}{r['warm']['median_s']:>9.3f}"
+                     f"{r['warm']['spread']:>8.1%}{r[unit + '_per_s'] or 0:>13.2f}  {q or r['note']}")
+    for s in result["skipped"]:
+        lines.append(f"skipped: {s['name']}: {s['reason']}")
+    for k, v in result["ratios"].items():
+        lines.append(f"ratio {k}: {v}x")
+    return "\n".join(lines)
+
+
+@click.command("bench")
+@click.argument("task", type=click.Choice(sorted(SUITES)))
+@click.option("--against", multiple=True, metavar="REF",
+              help="Only these references (repeatable; a part of the name is enough): faster-whisper, "
+                   "sentence-transformers, onnxruntime, torch loop, transformers, llama.cpp, diffusers.")
+@click.option("--model", "model", help="The model to measure (default: the task's default).")
+@click.option("--rounds", default=3, show_default=True, type=click.IntRange(min=1),
+              help="Timed rounds after the warm-up; contenders alternate order each round.")
+@click.option("--input", "data", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="Data to measure on instead of the samples (audio files, photos, a text file of lines).")
+@click.option("--quick", is_flag=True, help="Less data per run (a smoke run).")
+@click.option("--json", "json_mode", is_flag=True, help="Print the result as one JSON object.")
+@click.option("--output", "-o", type=click.Path(dir_okay=False), help="Also write the JSON result here.")
+def bench_cmd(task, against, model, rounds, data, quick, json_mode, output):
+    """Measure TASK in taskrun and in the reference engines, side by side, in this process.
+
+    Each contender loads and runs once (cold), once more untimed (warm-up), then --rounds timed
+    rounds in alternating order; the table gives medians, their spread ((max-min)/median) and
+    taskrun's throughput over each reference's.
+    """
+    def progress(name, r, dt):
+        if not json_mode:
+            click.echo(f"  round {r}: {name} {dt:.3f} s", err=True)
+
+    result = bench(task, model, against, rounds, data, quick, on_run=progress)
+    if output:
+        from taskrun.tasks.base import atomic_write
+
+        atomic_write(Path(output), (json.dumps(result, indent=1) + "\n").encode())
+    click.echo(json.dumps(result) if json_mode else table(result))
+    sys.stdout.flush()

@@ -1,0 +1,117 @@
+"""`run bench`: the measuring core (cold, warm-up, interleaved rounds, medians and spread), the
+JSON result's shape, references that are not installed skipped with a line, and one real
+end-to-end run on a tiny model against sentence-transformers. Nothing here is timed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from taskrun.runner import bench_core, bench_suites
+from taskrun.runner.bench_core import Contender, measure, order_of, report
+from taskrun.runner.cli import main
+from tests.tiny.bert import build
+
+
+class FakeClock:
+    """A clock that each contender's run advances by its own fixed cost."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def contender(name, clock, cost, calls, role="reference", load_cost=1.0):
+    def load():
+        clock.now += load_cost
+        calls.append(f"load {name}")
+
+        def run():
+            clock.now += cost
+            calls.append(name)
+            return name.upper()
+        return run
+    return Contender(name, load, role)
+
+
+def test_rounds_alternate_their_order():
+    assert order_of(["a", "b", "c"], 3) == [["a", "b", "c"], ["c", "b", "a"], ["a", "b", "c"]]
+
+
+def test_measure_is_cold_then_warmup_then_interleaved_rounds():
+    clock, calls = FakeClock(), []
+    cs = [contender("ours", clock, 1.0, calls, "taskrun"), contender("ref", clock, 2.0, calls)]
+    measured, trace = measure(cs, rounds=2, warmup=1, clock=clock)
+    assert trace == ["load:ours", "cold:ours", "load:ref", "cold:ref", "warmup:ours", "warmup:ref",
+                     "round1:ours", "round1:ref", "round2:ref", "round2:ours"]
+    assert calls == ["load ours", "ours", "load ref", "ref", "ours", "ref", "ours", "ref", "ref", "ours"]
+    ours, ref = measured
+    assert ours.load_s == 1.0 and ours.cold_s == 1.0 and ours.runs_s == [1.0, 1.0]
+    assert ref.runs_s == [2.0, 2.0] and ref.output == "REF"
+
+
+def test_report_has_medians_spread_ratios_and_skips():
+    m = [bench_core.Measured("taskrun", "taskrun", "", 0.5, 3.0, [1.0, 2.0, 4.0], None),
+         bench_core.Measured("ref", "reference", "", 0.1, 5.0, [4.0, 4.0, 4.0], None)]
+    out = report("embed", "minilm", 3, 100, "sentences", m,
+                 [bench_core.Skipped("onnxruntime", "not installed")], ["x"], {"ref": {"min_cosine": 0.9999}})
+    json.dumps(out)  # plain JSON
+    ours, ref = out["contenders"]
+    assert ours["warm"] == {"median_s": 2.0, "min_s": 1.0, "max_s": 4.0, "spread": 1.5, "runs_s": [1.0, 2.0, 4.0]}
+    assert ours["sentences_per_s"] == 50.0 and ref["sentences_per_s"] == 25.0
+    assert out["ratios"] == {"taskrun / ref": 2.0}
+    assert ref["quality"] == {"min_cosine": 0.9999}
+    assert out["skipped"] == [{"name": "onnxruntime", "reason": "not installed"}]
+    assert out["host"]["cpus"] >= 1 and out["order"] == ["x"]
+
+
+def test_a_reference_that_is_not_installed_is_skipped_with_a_line(monkeypatch, tmp_path):
+    import numpy as np
+    import soundfile as sf
+
+    wav = tmp_path / "a.wav"
+    sf.write(wav, np.zeros(16000, np.float32), 16000)
+    monkeypatch.setattr(bench_suites, "missing", lambda module: module == "faster_whisper")
+    suite = bench_suites.transcribe(None, (), [wav], quick=True)
+    assert [c.name for c in suite.contenders] == ["taskrun", "taskrun --batch-size 8"]
+    assert {s.name for s in suite.skipped} == {"faster-whisper greedy", "faster-whisper beam 5",
+                                               "faster-whisper batched"}
+    assert all("pip install faster-whisper" in s.reason for s in suite.skipped)
+
+
+def test_against_picks_the_references():
+    suite = bench_suites.embed(None, ("sentence",), [], quick=True)
+    assert [c.name for c in suite.contenders] == ["taskrun", "sentence-transformers"]
+    suite = bench_suites.embed(None, ("onnxruntime",), [], quick=True)
+    assert [c.name for c in suite.contenders] == ["taskrun"] and suite.skipped[0].name == "onnxruntime"
+
+
+def test_unknown_task_names_the_choices():
+    r = CliRunner().invoke(main, ["bench", "dance"])
+    assert r.exit_code != 0 and "transcribe" in r.output
+
+
+def test_bench_embed_on_a_tiny_model_against_sentence_transformers(tiny_dir, tmp_path):
+    pytest.importorskip("sentence_transformers")
+    texts = tmp_path / "lines.txt"
+    texts.write_text("the cat\na dog\nstock prices fell\n")
+    out = tmp_path / "bench.json"
+    r = CliRunner().invoke(main, ["bench", "embed", "--model", str(build(tiny_dir)), "--rounds", "2",
+                                  "--input", str(texts), "--against", "sentence-transformers", "--json",
+                                  "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    assert result == json.loads(out.read_text())
+    assert [c["name"] for c in result["contenders"]] == ["taskrun", "sentence-transformers"]
+    assert result["units_per_run"] == 3 and result["unit"] == "sentences"
+    assert [t for t in result["order"] if t.startswith("round")] == [
+        "round1:taskrun", "round1:sentence-transformers", "round2:sentence-transformers", "round2:taskrun"]
+    for c in result["contenders"]:
+        assert len(c["warm"]["runs_s"]) == 2 and c["cold_s"] > 0 and c["sentences_per_s"] > 0
+    # the same weights: sentence-transformers' vectors match taskrun's
+    assert result["contenders"][1]["quality"]["min_cosine_vs_taskrun"] > 0.999
+    assert list(result["ratios"]) == ["taskrun / sentence-transformers"]
