@@ -28,6 +28,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 MANIFEST = "manifest.json"
@@ -187,3 +188,46 @@ def _alive(pid: str) -> bool:
     except OSError:  # another user's process: alive
         return True
     return True
+
+
+def build_once(target: Path, card, what: str, build: Callable[[Path], None]) -> Path:
+    """The converted folder ``target`` for ``card`` (a ModelCard), built by ``build(folder)`` when it
+    is missing or damaged: in a temp folder beside it, given a manifest, then renamed into place, so
+    a crash never leaves half an entry and two processes converting at once each end with a sound
+    one. ``what`` names the source in the run log's note ("the GGUF"). A cache that cannot be
+    written is a TaskError naming the fix. Returns ``target``; ``card.extra["ran"]`` says what ran."""
+    from taskrun.tasks.base import TaskError
+
+    clean_stale(target.parent)
+    if target.exists():
+        why = problem(target, card.digest)
+        if why is None:
+            return _ran(card, target, what)
+        warn_rebuilt(why)
+        shutil.rmtree(target, ignore_errors=True)
+    try:
+        tmp = temp_folder(target)
+    except OSError as exc:
+        raise TaskError(f"cannot convert {card.name}: taskrun's cache {target.parent} is not writable "
+                        f"({exc.strerror or exc}); set TASKRUN_CACHE_DIR to a writable folder") from None
+    try:
+        build(tmp)
+        write_manifest(tmp, card.digest)
+        try:
+            os.replace(tmp, target)
+        except OSError:  # another process finished first: keep its folder if it is sound
+            if problem(target, card.digest) is not None:
+                raise
+    except OSError as exc:
+        raise TaskError(f"cannot convert {card.name} into taskrun's cache {target.parent} "
+                        f"({exc.strerror or exc}); free some space or set TASKRUN_CACHE_DIR") from None
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return _ran(card, target, what)
+
+
+def _ran(card, folder: Path, what: str) -> Path:
+    """Note on the card what actually runs: the converted folder and its digest (logged in notes)."""
+    card.extra["ran"] = [f"ran the converted copy {folder} ({digest_of(folder)}) of {what}"]
+    return folder

@@ -16,8 +16,6 @@ converted folder's digest, which is what actually ran.
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
 from pathlib import Path
 
 from taskrun.models import cache_entry
@@ -36,43 +34,12 @@ def ensure_converted(card: ModelCard) -> Path:
     src = gguf_file(card)
     if src is None:
         return Path(card.path)
-    target = converted_dir(card)
-    cache_entry.clean_stale(target.parent)
-    if target.exists():
-        why = cache_entry.problem(target, card.digest)
-        if why is None:
-            return _ran(card, target)
-        cache_entry.warn_rebuilt(why)
-        shutil.rmtree(target, ignore_errors=True)
-    # Build in a sibling temp folder and rename: a crash never leaves half a model behind, and two
-    # processes converting at once each finish with a complete folder.
-    try:
-        tmp = cache_entry.temp_folder(target)
-    except OSError as exc:
-        raise TaskError(f"cannot convert {src.name}: taskrun's cache {target.parent} is not writable "
-                        f"({exc.strerror or exc}); set TASKRUN_CACHE_DIR to a writable folder") from None
-    try:
-        _convert(src, tmp)
-        (tmp / "source.txt").write_text(f"{src}\n{card.digest}\n")
-        cache_entry.write_manifest(tmp, card.digest)
-        try:
-            os.replace(tmp, target)
-        except OSError:  # another process finished first: keep its folder if it is sound
-            if cache_entry.problem(target, card.digest) is not None:
-                raise
-    except OSError as exc:
-        raise TaskError(f"cannot convert {src.name} into taskrun's cache {target.parent} "
-                        f"({exc.strerror or exc}); free some space or set TASKRUN_CACHE_DIR") from None
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return _ran(card, target)
 
+    def build(folder: Path) -> None:
+        _convert(src, folder)
+        (folder / "source.txt").write_text(f"{src}\n{card.digest}\n")
 
-def _ran(card: ModelCard, folder: Path) -> Path:
-    """Note on the card what actually runs: the converted folder and its digest (logged in notes)."""
-    card.extra["ran"] = [f"ran the converted copy {folder} ({cache_entry.digest_of(folder)}) of the GGUF"]
-    return folder
+    return cache_entry.build_once(converted_dir(card), card, "the GGUF", build)
 
 
 def _convert(src: Path, folder: Path) -> None:

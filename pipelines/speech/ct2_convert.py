@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import json
 import mmap
-import os
 import re
-import shutil
 import struct
 from pathlib import Path
 
@@ -241,40 +239,11 @@ def converted_folder(card: ModelCard, root: Path) -> Path:
     from taskrun.models import cache_entry
 
     key = card.digest.split(":")[-1][:16]
-    dst = root / "converted" / f"whisper-{key}"
-    cache_entry.clean_stale(dst.parent)
-    if dst.exists():
-        why = cache_entry.problem(dst, card.digest)
-        if why is None:
-            return _ran(card, dst)
-        cache_entry.warn_rebuilt(why)
-        shutil.rmtree(dst, ignore_errors=True)
-    try:
-        tmp = cache_entry.temp_folder(dst)
-    except OSError as exc:
-        raise TaskError(f"cannot convert {card.name} for transformers: taskrun's cache {dst.parent} is not "
-                        f"writable ({exc.strerror or exc}); set TASKRUN_CACHE_DIR to a writable folder") from None
-    try:
-        convert(card.path, tmp)
-        (tmp / ".complete").write_text(card.digest + "\n")  # the marker older code and tests look for
-        cache_entry.write_manifest(tmp, card.digest)
-        try:
-            os.rename(tmp, dst)
-        except OSError:  # another process finished first: keep its folder if it is sound
-            if cache_entry.problem(dst, card.digest) is not None:
-                raise
-    except OSError as exc:
-        raise TaskError(f"cannot convert {card.name} into taskrun's cache {dst.parent} "
-                        f"({exc.strerror or exc}); free some space or set TASKRUN_CACHE_DIR") from None
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return _ran(card, dst)
+
+    def build(folder: Path) -> None:
+        convert(card.path, folder)
+        (folder / ".complete").write_text(card.digest + "\n")  # the marker older code and tests look for
+
+    return cache_entry.build_once(root / "converted" / f"whisper-{key}", card, "the CTranslate2 model", build)
 
 
-def _ran(card: ModelCard, folder: Path) -> Path:
-    """Note on the card what actually runs: the converted folder and its digest (logged in notes)."""
-    from taskrun.models.cache_entry import digest_of
-
-    card.extra["ran"] = [f"ran the converted copy {folder} ({digest_of(folder)}) of the CTranslate2 model"]
-    return folder
