@@ -101,10 +101,10 @@ def transcribe(model: str | None, against: tuple[str, ...], data: list[Path], qu
 def faster_whisper_run(model: str, paths: list[Path], beam: int, batched: bool):
     def load():
         import soundfile as sf
-        from faster_whisper import BatchedInferencePipeline, WhisperModel
 
         from taskrun.models.resolve import resolve
-        from taskrun.pipelines.device import cpu_threads
+        from taskrun.pipelines.device import cpu_threads  # first: taskrun.pipelines turns off
+        from faster_whisper import BatchedInferencePipeline, WhisperModel  # onnxruntime's ~/.cache writes
 
         card = resolve(model)
         wm = WhisperModel(card.path, device="cpu", compute_type="float32", cpu_threads=cpu_threads())
