@@ -48,6 +48,17 @@ class AudioInfo:
         return max(self.frames or 0, self.declared_frames or 0) or None
 
 
+def probe_input(inp) -> AudioInfo:
+    """A transcribe input's header, or the TaskError saying why it is not audio with samples: the
+    check before any model loads (TranscribeTask.check_input) and the pipeline's probe both use it."""
+    if not inp.path:
+        raise TaskError(f"{inp.source}: transcribe takes audio files, not text")
+    info = probe(inp.path)
+    if info.frames == 0:
+        raise TaskError(f"{inp.path} holds no audio samples (0 s); give a recording with sound in it")
+    return info
+
+
 def probe(path: str | Path) -> AudioInfo:
     """What the file holds, or a TaskError that says what is wrong with it and what to do."""
     import soundfile as sf

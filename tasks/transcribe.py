@@ -167,12 +167,9 @@ class TranscribeTask(Task):
         """Before any model loads: the file must be audio whose header can be read and that holds
         samples (a header probe, milliseconds; tasks/audio_files.py)."""
         check_input_kind(self, inp)
-        if not inp.path:
-            raise TaskError(f"{inp.source}: transcribe takes audio files, not text")
-        from taskrun.tasks.audio_files import probe
+        from taskrun.tasks.audio_files import probe_input
 
-        if probe(inp.path).frames == 0:
-            raise TaskError(f"{inp.path} holds no audio samples (0 s); give a recording with sound in it")
+        probe_input(inp)
 
     def options_for_format(self, options: Options, fmt: str | None) -> Options:
         """The options a job needs to be written in ``fmt``: subtitles are cut at word boundaries,

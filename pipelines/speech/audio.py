@@ -90,9 +90,10 @@ class ReadStats:
         return out
 
 
-def read_blocks(path: str | Path, sr: int, block_s: float = BLOCK_S,
+def read_blocks(path: str | Path | AudioInfo, sr: int, block_s: float = BLOCK_S,
                 stats: ReadStats | None = None) -> Iterator[np.ndarray]:
     """The file as float32 mono blocks at ``sr`` Hz; memory stays at one block however long it is.
+    ``path`` may be the file's :class:`AudioInfo` when it was probed already.
 
     Samples that are not numbers (NaN, ±inf) are read as silence and samples beyond full scale
     are clipped to it, as a player would: one such sample otherwise blinds a speech model's
@@ -101,7 +102,8 @@ def read_blocks(path: str | Path, sr: int, block_s: float = BLOCK_S,
     """
     import soxr
 
-    info = probe(path)
+    info = path if isinstance(path, AudioInfo) else probe(path)
+    path = info.path
     st = stats if stats is not None else ReadStats()
     st.samplerate, st.ended, st.damage = info.samplerate, info.ended, info.damage
     st.expected = info.expected_frames if info.decoder == "soundfile" else None  # PyAV's is an estimate

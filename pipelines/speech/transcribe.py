@@ -18,6 +18,7 @@ from taskrun.pipelines.base import EnginePipeline
 from taskrun.pipelines.speech import audio
 from taskrun.pipelines.speech.engine import FileState, Piece, SpeechEngine
 from taskrun.tasks import events as ev
+from taskrun.tasks.audio_files import probe_input
 from taskrun.tasks.base import Input, TaskError
 from taskrun.tasks.clock import Clock, timed
 from taskrun.tasks.transcribe import Metrics, Segment, Transcript, Word
@@ -129,20 +130,12 @@ class TranscribePipeline(EnginePipeline):
         infos: dict[int, audio.AudioInfo] = {}
         for i, inp in enumerate(inputs):  # probe all first: bad files fail fast, the bar knows the total
             try:
-                infos[i] = self._probe(inp)
+                infos[i] = probe_input(inp)
             except TaskError as exc:
                 yield _item_error(i, inp, exc)
         tally.total_s = sum(info.duration_s for info in infos.values())
         for i, info in infos.items():
             yield from self._file(i, inputs[i], info, options, tally)
-
-    def _probe(self, inp: Input) -> audio.AudioInfo:
-        if not inp.path:
-            raise TaskError(f"{inp.source}: transcribe takes audio files, not text")
-        info = audio.probe(inp.path)
-        if info.frames == 0:
-            raise TaskError(f"{inp.path} holds no audio samples (0 s); give a recording with sound in it")
-        return info
 
     def _file(self, i: int, inp: Input, info: audio.AudioInfo, options: Any, tally: _Tally) -> Iterator[Any]:
         """One file's events: progress as it is read, each segment as it is decoded, then its
@@ -153,7 +146,7 @@ class TranscribePipeline(EnginePipeline):
         file_s = 0.0
         read = audio.ReadStats()  # what the file lacked (cut short) or held that was not audio (NaN)
         try:
-            chunks = audio.chunked(audio.read_blocks(info.path, sr, stats=read), sr, options.chunk_s,
+            chunks = audio.chunked(audio.read_blocks(info, sr, stats=read), sr, options.chunk_s,
                                    min(SEAM_S, options.chunk_s / 3))
             batch: list[Window] = []
             first = tally.chunks + 1  # the number of this file's first window in the job
