@@ -183,11 +183,17 @@ def embed(model: str | None, against: tuple[str, ...], data: list[Path], quick: 
         else:
             suite.contenders.append(Contender("sentence-transformers", _st(model, texts),
                                               note="encode, batch 32, float32, normalised"))
-    if pick(against, "onnxruntime") and against:
-        suite.skipped.append(Skipped("onnxruntime", "ONNX Runtime needs an ONNX export of the model, which "
-                                                    "taskrun does not ship; export it with optimum and time it apart"))
+    _skip_onnxruntime(suite, against)
     suite.quality = _cosines
     return suite
+
+
+def _skip_onnxruntime(suite, against) -> None:
+    """ONNX Runtime, asked for by name, is said to be skipped rather than silently left out."""
+    if against and pick(against, "onnxruntime"):
+        suite.skipped.append(Skipped("onnxruntime", "ONNX Runtime needs an ONNX export of the model, which "
+                                                    "taskrun does not ship (no onnx exporter installed); "
+                                                    "export it with optimum and time it apart"))
 
 
 def _st(model: str, texts: list[str]):
@@ -247,9 +253,7 @@ def classify(model: str | None, against: tuple[str, ...], data: list[Path], quic
         else:
             suite.contenders.append(Contender("torch loop", _torch_loop(model, files),
                                               note="PIL resize, float32, batch 1"))
-    if pick(against, "onnxruntime") and against:
-        suite.skipped.append(Skipped("onnxruntime", "ONNX Runtime needs an ONNX export of the model, which "
-                                                    "taskrun does not ship (no onnx exporter installed)"))
+    _skip_onnxruntime(suite, against)
     suite.quality = _top1
     return suite
 
