@@ -178,8 +178,10 @@ class Native:
             self.lib.llama_free(self.ctx)
             self.ctx, self.mem, self.n_ctx, self.pos = None, None, 0, 0
 
-    def __del__(self) -> None:
-        if sys.is_finalizing():  # the library's functions may already be gone; the OS frees it all
+    def __del__(self, _finalizing=sys.is_finalizing) -> None:
+        # Bound as a default: at interpreter exit module globals (sys, the library's functions) may
+        # already be None; the OS frees everything then anyway.
+        if _finalizing():
             return
         self.free_context()
         if getattr(self, "model", None):
