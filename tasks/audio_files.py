@@ -121,6 +121,8 @@ def av_probe(path: str | Path) -> tuple[int, int, int | None, str]:
                             f"recording with sound")
         stream = container.streams.audio[0]
         ctx = stream.codec_context
+        if ctx is None:  # FFmpeg found an audio stream but no decoder for its codec (a damaged header)
+            raise ValueError("no decoder for the audio stream")
         rate = int(ctx.sample_rate or stream.rate or 0)
         channels = int(ctx.channels or 0)
         seconds = None

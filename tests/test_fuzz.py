@@ -284,3 +284,14 @@ def test_the_audio_seeds_themselves_decode(seed):
         _decode_audio(path)
     finally:
         path.unlink()
+
+
+def test_a_wav_with_format_code_zero_is_a_user_error():
+    """Found by the fuzzer: a 'fmt ' chunk with format code 0 made FFmpeg open an audio stream with
+    no decoder (codec_context None), and the probe failed with AttributeError."""
+    import struct
+
+    pcm = (np.sin(np.arange(8000) / 5) * 9000).astype("<i2").tobytes()
+    body = (b"WAVEfmt " + struct.pack("<IHHIIHH", 16, 0, 1, 16000, 32000, 2, 16)
+            + b"data" + struct.pack("<I", len(pcm)) + pcm)
+    _user_error_only(_decode_audio, _file(b"RIFF" + struct.pack("<I", len(body)) + body, ".wav"))
