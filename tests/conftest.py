@@ -13,10 +13,17 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="session", autouse=True)
 def session_cache(tmp_path_factory):
-    """A cache dir shared by the whole run: converted weights and digests are made once."""
-    return tmp_path_factory.mktemp("taskrun-cache")
+    """A cache dir shared by the whole run: converted weights and digests are made once. Set for
+    the whole session, not only per test: module-scoped fixtures resolve models (digests.json)
+    before the per-test ``isolated`` runs, and must not write into the user's ~/.cache. The run log
+    likewise gets a session default, which ``isolated`` replaces per test."""
+    cache, logs = tmp_path_factory.mktemp("taskrun-cache"), tmp_path_factory.mktemp("taskrun-log")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TASKRUN_CACHE_DIR", str(cache))
+        mp.setenv("TASKRUN_LOG_DB", str(logs / "runs.db"))
+        yield cache
 
 
 @pytest.fixture(autouse=True)

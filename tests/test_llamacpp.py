@@ -44,7 +44,8 @@ def hf(tiny_dir):
     from taskrun.models.resolve import resolve
     from taskrun.pipelines.llm.hf_engine import TransformersLLM
 
-    return TransformersLLM.load(resolve(str(build_hf(tiny_dir))), "cpu", "float32")
+    # a copy: tests change its eos, which must not leak into the process-wide model cache
+    return copy.copy(TransformersLLM.load(resolve(str(build_hf(tiny_dir))), "cpu", "float32"))
 
 
 # The existing decode-loop contract, run on the llama.cpp engine.
