@@ -77,7 +77,7 @@ def test_a_reference_that_is_not_installed_is_skipped_with_a_line(monkeypatch, t
     sf.write(wav, np.zeros(16000, np.float32), 16000)
     monkeypatch.setattr(bench_suites, "missing", lambda module: module == "faster_whisper")
     suite = bench_suites.transcribe(None, (), [wav], quick=True)
-    assert [c.name for c in suite.contenders] == ["taskrun", "taskrun --batch-size 8"]
+    assert [c.name for c in suite.contenders] == ["taskrun", "taskrun --beam-size 5", "taskrun --batch-size 8"]
     assert {s.name for s in suite.skipped} == {"faster-whisper greedy", "faster-whisper beam 5",
                                                "faster-whisper batched"}
     assert all("pip install faster-whisper" in s.reason for s in suite.skipped)

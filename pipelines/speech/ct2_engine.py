@@ -1,7 +1,9 @@
 """transcribe on CTranslate2 through faster-whisper: the default for the packaged Whisper weights.
 
 taskrun does the reading, chunking and voice-activity detection (pipelines/speech/transcribe.py) so that
-both runtimes see the same chunks; this engine decodes each window of at most 30 s.
+both runtimes see the same chunks. This engine is handed up to five minutes of packed speech at a
+time (``seek_window_s``) and lets faster-whisper's loop walk it in 30 s windows, each prompted
+with the tokens before it: greedy decoding then keeps the context that fixed 30 s cuts lose.
 """
 
 from __future__ import annotations
@@ -62,6 +64,11 @@ class CT2WhisperEngine(SpeechEngine):
 
     runtime = "ctranslate2"
     batch_windows = 64  # the most windows --batch-size may put in one batch (pipelines/speech/ct2_batch.py)
+    # faster-whisper's loop walks a long stretch of packed speech in --chunk-s windows, each
+    # started at the last timestamp before it and prompted with the tokens decoded so far: greedy
+    # decoding then keeps its context across windows (pipelines/speech/transcribe.py packs for it).
+    # Five minutes of 16 kHz float32 is 19 MB, and its log-Mel features 10 MB.
+    seek_window_s = 300.0
 
     def __init__(self, card, device="auto", dtype="auto"):
         if not (Path(card.path) / "model.bin").exists():
@@ -99,10 +106,12 @@ class CT2WhisperEngine(SpeechEngine):
         ctranslate2.set_random_seed(0)  # a temperature fallback samples: the same audio gives the same text
         language = state.language or (None if self.multilingual else "en")
         segments, info = self.model.transcribe(
-            samples, language=language, task=options.task, beam_size=options.beam_size or 5,
+            samples, language=language, task=options.task, beam_size=options.beam_size or 1,
             vad_filter=False,  # taskrun's own VAD already trimmed this window
             word_timestamps=options.word_timestamps, without_timestamps=False,
             condition_on_previous_text=True, max_new_tokens=self.max_new_tokens,
+            # each inner window's length; given every call, since faster-whisper keeps the last one
+            chunk_length=max(1, int(options.chunk_s)),
             # The previous window's words, so that each window continues the file's text the way
             # faster-whisper's own loop conditions on what it decoded before.
             initial_prompt=state.previous.strip() or None)

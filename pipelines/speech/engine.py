@@ -85,6 +85,12 @@ class SpeechEngine(ABC):
     # engine decodes one window at a time, whatever --batch-size says
     batch_windows: int = 1
 
+    # Seconds of packed speech one ``decode`` call may take (None: the task's --chunk-s, at most
+    # 30 s). An engine whose decoder walks a longer stretch itself, seeking from each window's
+    # last timestamp and prompting with the tokens it just decoded (faster-whisper's loop), sets
+    # more: the pipeline then hands it many windows' worth of a file's speech at once.
+    seek_window_s: float | None = None
+
     def decode_batch(self, windows: list[np.ndarray], options: Any, state: FileState) -> list[list[Piece]]:
         """Several consecutive windows of one file, each prompted with ``state.previous`` (the
         text before the first of them); pieces per window. This default decodes them one by one;
@@ -96,6 +102,7 @@ class SpeechEngine(ABC):
 
     @abstractmethod
     def decode(self, samples: np.ndarray, options: Any, state: FileState) -> Iterator[Piece]:
-        """Transcribe one window (at most 30 s of float32 mono at ``sample_rate``) into pieces
+        """Transcribe one window (at most 30 s of float32 mono at ``sample_rate``, or
+        ``seek_window_s`` of packed speech for an engine that seeks through it) into pieces
         timed from its first sample, in order. ``state`` is the file's: set ``state.language``
         when the model detects it (once per file), and prompt with ``state.previous``."""

@@ -204,7 +204,12 @@ class TranscribePipeline(EnginePipeline):
         each chunk that is not silent. Each chunk is also passed through, after its speech, to
         report progress. Memory: one chunk plus one window."""
         sr = self.engine.sample_rate
-        limit = int(options.chunk_s * sr)
+        # An engine that seeks through a long stretch itself gets many windows' worth at once (the
+        # one-window batch decoder excepted): its decoder then cuts 30 s windows at its own last
+        # timestamps and prompts each with the tokens before it, as faster-whisper does over a whole
+        # file, instead of starting each window afresh at a cut chosen here.
+        seeks = self.engine.seek_window_s if options.batch_size == 1 else None
+        limit = int((seeks or options.chunk_s) * sr)
         use_vad = options.vad and sr == 16000  # Silero runs at 16 kHz; other rates keep the level gate
         pack = Window(sr)
         for chunk in chunks:
@@ -218,7 +223,7 @@ class TranscribePipeline(EnginePipeline):
                         yield pack
                         pack = Window(sr)
                     pack.add(x[a:b].copy(), chunk.start + a)  # a copy: a view would keep the whole chunk
-                if not use_vad and pack.length:  # without VAD a chunk is a window: no packing
+                if not use_vad and not seeks and pack.length:  # without VAD a chunk is a window
                     yield pack
                     pack = Window(sr)
             yield chunk
