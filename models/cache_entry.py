@@ -31,6 +31,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from taskrun.tasks.base import TaskError
+
 MANIFEST = "manifest.json"
 VERIFIED = ".verified"
 SMALL = 1 << 20  # files up to this size are hashed whole on every use
@@ -190,13 +192,34 @@ def _alive(pid: str) -> bool:
     return True
 
 
+class CacheNotWritable(TaskError):
+    """taskrun's cache folder could not take an entry (read-only, missing, full)."""
+
+
+def build_or_temp(target: Path, card, what: str, build: Callable[[Path], None]) -> Path:
+    """``build_once``, or, when taskrun's cache cannot take the entry, the same build in a temporary
+    folder that is removed when the process exits: the job still runs (an unwritable cache is
+    already said once per run), paying the build each time. For entries that are only a faster
+    form of weights the job could run without (ONNX exports), never for what the user asked for."""
+    import atexit
+
+    try:
+        return build_once(target, card, what, build)
+    except CacheNotWritable:
+        folder = Path(tempfile.mkdtemp(prefix="taskrun-build-"))
+        atexit.register(shutil.rmtree, folder, True)
+        build(folder)
+        card.extra["ran"] = [f"ran a temporary copy of {what} (taskrun's cache is not writable)"]
+        return folder
+
+
 def build_once(target: Path, card, what: str, build: Callable[[Path], None]) -> Path:
     """The converted folder ``target`` for ``card`` (a ModelCard), built by ``build(folder)`` when it
     is missing or damaged: in a temp folder beside it, given a manifest, then renamed into place, so
     a crash never leaves half an entry and two processes converting at once each end with a sound
     one. ``what`` names the source in the run log's note ("the GGUF"). A cache that cannot be
-    written is a TaskError naming the fix. Returns ``target``; ``card.extra["ran"]`` says what ran."""
-    from taskrun.tasks.base import TaskError
+    written is a CacheNotWritable (a TaskError) naming the fix. Returns ``target``;
+    ``card.extra["ran"]`` says what ran."""
 
     clean_stale(target.parent)
     if target.exists():
@@ -208,7 +231,7 @@ def build_once(target: Path, card, what: str, build: Callable[[Path], None]) -> 
     try:
         tmp = temp_folder(target)
     except OSError as exc:
-        raise TaskError(f"cannot convert {card.name}: taskrun's cache {target.parent} is not writable "
+        raise CacheNotWritable(f"cannot convert {card.name}: taskrun's cache {target.parent} is not writable "
                         f"({exc.strerror or exc}); set TASKRUN_CACHE_DIR to a writable folder") from None
     try:
         build(tmp)
@@ -219,7 +242,7 @@ def build_once(target: Path, card, what: str, build: Callable[[Path], None]) -> 
             if problem(target, card.digest) is not None:
                 raise
     except OSError as exc:
-        raise TaskError(f"cannot convert {card.name} into taskrun's cache {target.parent} "
+        raise CacheNotWritable(f"cannot convert {card.name} into taskrun's cache {target.parent} "
                         f"({exc.strerror or exc}); free some space or set TASKRUN_CACHE_DIR") from None
     finally:
         if tmp.exists():

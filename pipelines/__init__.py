@@ -182,12 +182,14 @@ def cached_model(card: ModelCard, runtime: str, device: str, dtype: str, role: s
                     del _LOADING[key]
 
 
-def _touch(key: Key) -> Any | None:
+def _touch(key: Key, card: ModelCard | None = None) -> Any | None:
     entry = _MODELS.get(key)
     if entry is None:
         return None
     _MODELS.move_to_end(key)
     entry.last_used = time.time()
+    if card is not None and "ran" in entry.card.extra:  # a warm model ran the same converted copy:
+        card.extra.setdefault("ran", entry.card.extra["ran"])  # the run log's note says so again
     return entry.value
 
 
