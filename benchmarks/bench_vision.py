@@ -2,12 +2,15 @@
 
     python benchmarks/bench_vision.py [--n 32] [--rounds 3] [--threads N] [--quick]
 
-Classification: EfficientNet-Lite0. The reference is the loop a user writes from the model's
-README: per image, open it with PIL, resize to 224, scale to [-1, 1], run the float32 model on a
-batch of one, softmax. taskrun runs the same files through its job runner (run_job: inputs,
-checks, the cached model, results) at --batch-size 1 and 16, with its default dtype (bf16 where
-the CPU has bf16 instructions, channels_last) and in float32 to separate batching from bf16.
-Rounds interleave the paths so a noisy neighbour hits them all; the best round of each counts.
+Classification: EfficientNet-Lite0. The references are the loop a user writes from the model's
+README (per image, open it with PIL, resize to 224, scale to [-1, 1], run the float32 model on a
+batch of one) and ONNX Runtime float32 at batch 16 on the same weights with the same PIL
+preprocessing (runner/bench_classify.py: ort_loop). taskrun runs the same files through its job
+runner (run_job: inputs, checks, the cached model, results) at --batch-size 1 and 16 on its
+default runtime (ONNX Runtime, two batches in flight, decoding on a pool), and on its torch
+runtime (bf16 where the CPU has bf16 instructions, channels_last; and float32). A step table
+gives each step's cost per image: decode, resize, scaling to [-1, 1], forward.
+Rounds interleave the paths so a noisy neighbour hits them all; the median round of each counts.
 The top-1 class of every photo under taskrun's default dtype is compared with the reference's.
 
 Detection: MTCNN faces per image (latency, best of the rounds). There is no runnable reference
@@ -34,7 +37,8 @@ PHOTOS = sorted((ROOT / "samples" / "images").glob("*.jpg"))
 
 
 # the plain loop, shared with `run bench classify`
-from taskrun.runner.bench_suites import reference_loop, reference_model  # noqa: E402
+from taskrun.runner.bench_classify import (export_reference_onnx, ort_loop, reference_loop,
+                                         reference_model)
 
 
 def main() -> None:
@@ -67,22 +71,32 @@ def main() -> None:
     classify, detect = get_task("classify"), get_task("detect")
     ref = reference_model(card.path)
 
-    def taskrun(batch, dtype):
+    import tempfile
+
+    import onnxruntime as ort
+
+    tmp = tempfile.TemporaryDirectory(prefix="taskrun-bench-onnx-")
+    ref_session = ort.InferenceSession(str(export_reference_onnx(card.path, Path(tmp.name) / "m.onnx")),
+                                       providers=["CPUExecutionProvider"])
+
+    def taskrun(batch, dtype, runtime=None):
         opts = classify.Options(batch_size=batch, top_k=1)
         t = time.perf_counter()
-        rec = run_job(classify, lambda: inputs, opts, model="efficientnet-lite0", dtype=dtype)
+        rec = run_job(classify, lambda: inputs, opts, model="efficientnet-lite0", dtype=dtype, runtime=runtime)
         return time.perf_counter() - t, rec
 
-    def plain():
+    def timed_call(fn):
         t = time.perf_counter()
-        out = reference_loop(ref, files)
+        out = fn()
         return time.perf_counter() - t, out
 
     paths = {
-        "plain torch loop (float32, batch 1)": plain,
-        "taskrun batch 1 (auto)": lambda: taskrun(1, "auto"),
-        "taskrun batch 16 (auto)": lambda: taskrun(16, "auto"),
-        "taskrun batch 16 (float32)": lambda: taskrun(16, "float32"),
+        "plain torch loop (float32, batch 1)": lambda: timed_call(lambda: reference_loop(ref, files)),
+        "onnxruntime (float32, batch 16)": lambda: timed_call(lambda: ort_loop(ref_session, files)),
+        "taskrun batch 1 (default)": lambda: taskrun(1, "auto"),
+        "taskrun batch 16 (default)": lambda: taskrun(16, "auto"),
+        "taskrun torch batch 16 (auto)": lambda: taskrun(16, "auto", "torch"),
+        "taskrun torch batch 16 (float32)": lambda: taskrun(16, "float32", "torch"),
     }
     for fn in paths.values():  # load, cache and warm up every path before timing
         fn()
@@ -94,9 +108,12 @@ def main() -> None:
             dt, out = paths[name]()
             times[name].append(dt)
             last[name] = out
-    rates = {k: args.n / min(v) for k, v in times.items()}
+    rates = {k: args.n / sorted(v)[len(v) // 2] for k, v in times.items()}  # medians
     base = rates["plain torch loop (float32, batch 1)"]
-    auto_dtype = last["taskrun batch 16 (auto)"].dtype
+    ort_rate = rates["onnxruntime (float32, batch 16)"]
+    default = last["taskrun batch 16 (default)"]
+    auto_dtype = f"{default.runtime} {default.dtype}"
+    steps = step_costs(files, ref_session, args.rounds)
 
     # top-1 on each distinct photo: taskrun's default dtype against the float32 reference loop
     names = imagenet_labels()
@@ -129,15 +146,20 @@ def main() -> None:
         "taskrun_auto_dtype": auto_dtype,
         "images_per_s": {k: round(v, 1) for k, v in rates.items()},
         "ratio_vs_plain_loop": {k: round(v / base, 2) for k, v in rates.items()},
+        "ratio_vs_onnxruntime": {k: round(v / ort_rate, 2) for k, v in rates.items()},
+        "step_ms_per_image": steps,
         "round_s": {k: [round(x, 3) for x in v] for k, v in times.items()},
         "top1": top1, "top1_unchanged": top1_same,
         "detect_job_latency_s": latency, "detect_pipeline_latency_s": latency_inside, "detect_faces": faces,
         "machine": f"{platform.machine()} {os.cpu_count()} cpus, shared with other jobs (noisy)",
         "command": "python " + " ".join(sys.argv),
     }
-    print(f"{'classification path':<36}{'images/s':>10}{'× loop':>8}")
+    print(f"{'classification path (median round)':<36}{'images/s':>10}{'× loop':>8}{'× ORT':>8}")
     for k, v in rates.items():
-        print(f"{k:<36}{v:>10.1f}{v / base:>8.2f}")
+        print(f"{k:<36}{v:>10.1f}{v / base:>8.2f}{v / ort_rate:>8.2f}")
+    print(f"{'step (one thread unless said)':<44}{'ms/image':>9}")
+    for k, v in steps.items():
+        print(f"{k:<44}{v:>9.2f}")
     print(f"auto dtype {auto_dtype}; top-1 unchanged vs float32 loop on {len(PHOTOS)} photos: {top1_same}")
     print(f"{'detection (mtcnn), s per image':<36}{'job':>10}{'pipeline':>10}  faces")
     for k, v in latency.items():
@@ -145,6 +167,52 @@ def main() -> None:
     out = ROOT / "benchmarks" / "results" / (f"vision-threads{args.threads}.json" if args.threads else "vision.json")
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+def step_costs(files, ref_session, rounds: int) -> dict:
+    """Each step's cost per image (median of ``rounds``): PIL decode, PIL resize, numpy scaling to
+    [-1, 1], the reference's forward (float32 NCHW) and taskrun's (uint8 NHWC, scaling in the graph;
+    two batches at once, one thread each), both at batch 16."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    from taskrun.models.resolve import resolve
+    from taskrun.pipelines.vision.efficientnet import resized
+    from taskrun.pipelines.vision.efficientnet_ort import onnx_file, session
+    from taskrun.tasks.image_files import load_image
+
+    n = len(files)
+    images = [load_image(f) for f in files]
+    small = [resized(im, 224) for im in images]
+    x32 = np.stack([(np.asarray(r, dtype=np.float32) / 127.5 - 1.0).transpose(2, 0, 1) for r in small])
+    u8 = np.stack([np.asarray(r) for r in small])
+    ours = session(onnx_file(resolve("efficientnet-lite0"), 224), 1)
+    pool = ThreadPoolExecutor(2)
+
+    def two_at_once():
+        list(pool.map(lambda i: ours.run(None, {"pixels": u8[i:i + 16]}), range(0, n, 16)))
+
+    steps = {
+        "decode (taskrun load_image)": lambda: [load_image(f) for f in files],
+        "resize 224 (PIL bilinear)": lambda: [resized(im, 224) for im in images],
+        "scale to [-1, 1] + NCHW (numpy)": lambda: np.stack(
+            [(np.asarray(r, dtype=np.float32) / 127.5 - 1.0).transpose(2, 0, 1) for r in small]),
+        "forward, onnxruntime reference (all threads)": lambda: [
+            ref_session.run(None, {"input": x32[i:i + 16]}) for i in range(0, n, 16)],
+        "forward, taskrun (2 batches x 1 thread)": two_at_once,
+    }
+    out = {}
+    for name, fn in steps.items():
+        fn()
+        ts = []
+        for _ in range(max(3, rounds)):
+            t = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t)
+        out[name] = round(sorted(ts)[len(ts) // 2] / n * 1e3, 2)
+    pool.shutdown()
+    return out
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ def labels(item):
 
 def test_cat_and_coffee_photos_get_the_right_imagenet_classes():
     out = job("classify", IMAGES / "cat.jpg", IMAGES / "coffee.jpg")
-    assert out["model"]["name"] == "efficientnet-lite0" and out["runtime"] == "torch"
+    assert out["model"]["name"] == "efficientnet-lite0" and out["runtime"] == "onnxruntime"
     cat, coffee = out["items"]
     assert set(labels(cat)) & CATS and labels(cat)[0] in CATS
     assert labels(coffee)[0] in {"espresso", "cup"}
@@ -44,10 +44,10 @@ def test_cat_and_coffee_photos_get_the_right_imagenet_classes():
     assert set(out["metrics"]) >= {"items", "items_per_s", "latency_s", "load_s", "wall_s"}
 
 
-def test_auto_dtype_keeps_top1_of_float32_on_every_photo():
+def test_torch_auto_dtype_keeps_top1_of_float32_on_every_photo():
     photos = sorted(IMAGES.glob("*.jpg"))
-    auto = job("classify", *photos)
-    fp32 = job("classify", *photos, "--dtype", "float32")
+    auto = job("classify", *photos, "--runtime", "torch")
+    fp32 = job("classify", *photos, "--runtime", "torch", "--dtype", "float32")
     assert fp32["dtype"] == "float32"
     assert [labels(a)[0] for a in auto["items"]] == [labels(f)[0] for f in fp32["items"]]
     for a, f in zip(auto["items"], fp32["items"]):

@@ -32,52 +32,117 @@ class TorchVision(Base):
 
 
 def measured_run(inputs: list, batch_size: int, process: Process, clock: Clock, scope: str,
-                 Metrics: type, prepare: Callable[[Any], Any] | None = None) -> Iterator[Any]:
+                 Metrics: type, prepare: Callable[[Any], Any] | None = None, workers: int = 1) -> Iterator[Any]:
     """run_batches, then ``Done`` with items, items_per_s and latency_s of the pipeline's own
     work; that same time is added to ``clock`` under ``scope``."""
     stats: dict = {}
-    yield from run_batches(inputs, batch_size, process, stats, prepare)
+    yield from run_batches(inputs, batch_size, process, stats, prepare, workers)
     clock.add(scope, stats["seconds"])
     yield ev.Done(rate_metrics(Metrics, stats))
 
 
 def run_batches(inputs: list, batch_size: int, process: Process, stats: dict,
-                prepare: Callable[[Any], Any] | None = None) -> Iterator[Any]:
-    """Decode and process ``inputs`` ``batch_size`` at a time, yielding Item / ItemError / Progress.
+                prepare: Callable[[Any], Any] | None = None, workers: int = 1) -> Iterator[Any]:
+    """Decode and process ``inputs`` ``batch_size`` at a time, yielding Item / ItemError / Progress
+    in input order.
 
     A file that cannot be read (or ``prepare``d) becomes an ItemError and the rest of its batch
-    goes on. The next batch is decoded (and passed through ``prepare``, e.g. resized to an
-    array) on a helper thread while the model runs on this one: Pillow releases the GIL while it
-    decodes and resizes. ``stats`` receives ``items`` (finished) and ``seconds`` (decode +
-    preprocess + forward + postprocess).
+    goes on. With ``workers`` 1, the next batch is decoded (and passed through ``prepare``, e.g.
+    resized to an array) on a pool of one thread per core while the model runs on this one:
+    Pillow releases the GIL while it decodes and resizes, so a many-core machine decodes as fast
+    as its model runs. With ``workers`` > 1 (a model whose ``process`` may run in
+    several threads at once, each on its own share of the cores), that many batches are in
+    flight together, each decoded image by image on a pool of one thread per core: no core waits
+    for the others at a barrier, so decoding fills the gaps instead of stalling the model.
+    ``stats`` receives ``items`` (finished) and ``seconds`` (decode + preprocess + forward +
+    postprocess).
     """
-    from concurrent.futures import ThreadPoolExecutor
-
     total, ok = len(inputs), 0
     starts = list(range(0, total, batch_size))
+    batches = _parallel_batches if workers > 1 else _prefetched_batches
 
     def work() -> Iterator[Any]:
         nonlocal ok
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="taskrun-decode") as pool:
-            pending = pool.submit(_load_batch, inputs, starts[0], batch_size, prepare) if starts else None
-            for k, start in enumerate(starts):
-                good, bad = pending.result()
-                if k + 1 < len(starts):
-                    pending = pool.submit(_load_batch, inputs, starts[k + 1], batch_size, prepare)
-                yield from bad
-                for out in _guarded(process, good, inputs) if good else ():
-                    if isinstance(out, ev.ItemError):
-                        yield out
-                    else:
-                        index, result = out
-                        ok += 1
-                        yield ev.Item(index, inputs[index].describe(), result)
-                yield ev.Progress(min(start + batch_size, total), total, "images")
+        for start, bad, outs in batches(inputs, starts, batch_size, process, prepare, workers):
+            yield from bad
+            for out in outs:
+                if isinstance(out, ev.ItemError):
+                    yield out
+                else:
+                    index, result = out
+                    ok += 1
+                    yield ev.Item(index, inputs[index].describe(), result)
+            yield ev.Progress(min(start + batch_size, total), total, "images")
 
     # seconds: this pipeline's own work, not the time the runner spends printing each item
     stats["seconds"] = 0.0
     yield from timed(work(), lambda s: stats.__setitem__("seconds", stats["seconds"] + s))
     stats["items"] = ok
+
+
+def _prefetched_batches(inputs, starts, size, process, prepare, workers):
+    """(start, errors, outputs) per batch: the model on this thread, the next batch decoding
+    meanwhile, image by image on a pool of one thread per core."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from taskrun.pipelines.device import cpu_threads
+
+    with ThreadPoolExecutor(max_workers=cpu_threads(), thread_name_prefix="taskrun-decode") as pool:
+        pending = _submit_batch(pool, inputs, starts[0], size, prepare) if starts else None
+        for k, start in enumerate(starts):
+            good, bad = _gather(pending)
+            if k + 1 < len(starts):
+                pending = _submit_batch(pool, inputs, starts[k + 1], size, prepare)
+            yield start, bad, _guarded(process, good, inputs) if good else []
+
+
+def _submit_batch(pool, inputs, start, size, prepare) -> list:
+    return [pool.submit(_load_batch, inputs, i, 1, prepare) for i in range(start, min(start + size, len(inputs)))]
+
+
+def _gather(parts: list) -> tuple[list, list]:
+    good, bad = [], []
+    for part in parts:
+        g, b = part.result()
+        good += g
+        bad += b
+    return good, bad
+
+
+def _parallel_batches(inputs, starts, size, process, prepare, workers):
+    """(start, errors, outputs) per batch, in order, with ``workers`` batches in flight at once
+    (at most ``workers`` + 1 decoded ahead, so a long folder is never held in memory whole)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from taskrun.pipelines.device import cpu_threads
+
+    # With a core per batch in flight, each batch decodes on its own thread (no hand-offs);
+    # with more cores, a pool decodes the images of the batches in flight side by side.
+    inline = cpu_threads() <= workers
+    decode = None if inline else ThreadPoolExecutor(max_workers=cpu_threads(), thread_name_prefix="taskrun-decode")
+    model = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="taskrun-model")
+
+    def one_batch(start):
+        if decode is None:
+            good, bad = _load_batch(inputs, start, size, prepare)
+        else:
+            good, bad = _gather(_submit_batch(decode, inputs, start, size, prepare))
+        return start, bad, _guarded(process, good, inputs) if good else []
+
+    pending: list = []
+    try:
+        pending = [model.submit(one_batch, s) for s in starts[:workers + 1]]
+        for k in range(len(starts)):
+            done = pending.pop(0).result()
+            if k + workers + 1 < len(starts):
+                pending.append(model.submit(one_batch, starts[k + workers + 1]))
+            yield done
+    finally:  # a consumer that stops early (a failed job) must not leave batches running
+        for f in pending:
+            f.cancel()
+        model.shutdown(wait=True)
+        if decode is not None:
+            decode.shutdown(wait=True)
 
 
 def _load_batch(inputs: list, start: int, size: int, prepare: Callable[[Any], Any] | None):

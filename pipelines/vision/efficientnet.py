@@ -7,6 +7,8 @@ weights were trained with: resize to 224×224 and scale pixels to [-1, 1].
 Speed on CPU: batches of images in one forward pass, channels_last memory (oneDNN's convolutions
 are faster in NHWC), and bfloat16 where the CPU has bf16 instructions. bf16 keeps the top-1 class
 of every test photo (benchmarks/bench_vision.py checks it), so ``--dtype auto`` picks it there.
+The default runtime for these models is ONNX Runtime (efficientnet_ort.py), which shares the
+card check, labels and batched run below (``EfficientNetBase``); ``--runtime torch`` runs this one.
 """
 
 from __future__ import annotations
@@ -87,38 +89,72 @@ def fuse_for_inference(model):
     return model
 
 
-def preprocess(image, size: int) -> np.ndarray:
-    """An RGB PIL image → float32 CHW array in [-1, 1] at size×size (the whole picture, squeezed)."""
+def resized(image, size: int):
+    """The whole picture squeezed to size×size (PIL bilinear, what these weights were trained on)."""
     from PIL import Image
 
-    arr = np.asarray(image.resize((size, size), Image.BILINEAR), dtype=np.float32)
+    return image.resize((size, size), Image.BILINEAR)
+
+
+def preprocess(image, size: int) -> np.ndarray:
+    """An RGB PIL image → float32 CHW array in [-1, 1] at size×size (the whole picture, squeezed)."""
+    arr = np.asarray(resized(image, size), dtype=np.float32)
     return (arr / 127.5 - 1.0).transpose(2, 0, 1)
 
 
-class EfficientNetPipeline(TorchVision):
+class EfficientNetBase(TorchVision):
+    """What both EfficientNet runtimes share: the model card check, the labels, the input size,
+    and the batched run; a runtime adds its weights and ``prepare`` (image → array) / ``forward``
+    (stacked arrays → logits)."""
+
     task, kind, runs = "classify", "image-classification", "takes images with an EfficientNet"
+    workers = 1  # batches in flight at once (see batching.run_batches)
 
     def __init__(self, card, device="auto", dtype="auto"):
         super().__init__(card, device, dtype)
-        self.torch_dtype, self.dtype = resolve_dtype(dtype, self.device, auto_dtype(self.device, prefer_bf16=True))
-        name = model_name(card.architecture)
-        from efficientnet_lite_pytorch import EfficientNet
+        model_name(card.architecture)  # refuses what is not an EfficientNet before any weights load
+        self.id2label = dict(enumerate(imagenet_labels()))
 
-        self.size = int(card.extra.get("image_size") or EfficientNet.get_image_size(name))
+    def prepare(self, image) -> np.ndarray:
+        raise NotImplementedError
+
+    def forward(self, x: np.ndarray):
+        raise NotImplementedError
+
+    def run(self, inputs, options, clock):
+        def process(batch):
+            logits = self.forward(np.stack([arr for _, arr in batch]))
+            yield from label_batch(batch, logits, self.id2label, options.top_k, inputs)
+
+        yield from measured_run(inputs, options.batch_size, process, clock, "classify", Metrics,
+                                prepare=self.prepare, workers=self.workers)
+
+
+def image_size(card) -> int:
+    """The square input size: the card's ``image_size``, else the network's own (224 for Lite0)."""
+    from efficientnet_lite_pytorch import EfficientNet
+
+    return int(card.extra.get("image_size") or EfficientNet.get_image_size(model_name(card.architecture)))
+
+
+class EfficientNetPipeline(EfficientNetBase):
+    """EfficientNet as a torch module: batch norm folded, channels_last, bf16 where the CPU has it."""
+
+    def __init__(self, card, device="auto", dtype="auto"):
+        super().__init__(card, device, dtype)
+        self.size = image_size(card)
+        self.torch_dtype, self.dtype = resolve_dtype(dtype, self.device, auto_dtype(self.device, prefer_bf16=True))
         self.model = cached_model(card, "torch", self.device, self.dtype, "efficientnet", lambda: best_cpu_layout(
             fuse_for_inference(build_model(card.architecture, card.path)).to(self.device, self.torch_dtype),
             self.device))
-        self.id2label = dict(enumerate(imagenet_labels()))
 
-    def run(self, inputs, options, clock):
+    def prepare(self, image) -> np.ndarray:
+        return preprocess(image, self.size)
+
+    def forward(self, x: np.ndarray):
         import torch
 
-        def process(batch):
-            x = torch.from_numpy(np.stack([arr for _, arr in batch]))
-            x = x.to(self.device, self.torch_dtype)
-            if self.device == "cpu":
-                x = x.contiguous(memory_format=torch.channels_last)
-            yield from label_batch(batch, self.model(x), self.id2label, options.top_k, inputs)
-
-        yield from measured_run(inputs, options.batch_size, process, clock, "classify", Metrics,
-                                prepare=lambda img: preprocess(img, self.size))
+        x = torch.from_numpy(x).to(self.device, self.torch_dtype)
+        if self.device == "cpu":
+            x = x.contiguous(memory_format=torch.channels_last)
+        return self.model(x)
