@@ -159,7 +159,8 @@ def test_hub_id_offline_fails_fast_with_advice():
 
 
 def test_every_job_is_logged_with_model_digest_runtime_device_dtype(bert):
-    r = invoke("embed", "the cat", "--model", bert, "--dtype", "float32", "--device", "cpu", "-q")
+    r = invoke("embed", "the cat", "--model", bert, "--runtime", "transformers", "--dtype", "float32",
+               "--device", "cpu", "-q")
     assert r.exit_code == 0, r.output
     row = last_run()
     assert row["status"] == "ok" and row["model_digest"].startswith("sha256:")

@@ -14,7 +14,7 @@ import numpy as np
 from taskrun.pipelines import cached_model
 from taskrun.pipelines.base import Pipeline as Base
 from taskrun.pipelines.device import auto_dtype, resolve_dtype
-from taskrun.pipelines.text.encoder import encode
+from taskrun.pipelines.text.encoder import auto_runtime, encode
 from taskrun.tasks import events as ev
 from taskrun.tasks.clock import timed
 from taskrun.tasks.classify import Label, Metrics, Result
@@ -32,6 +32,7 @@ class ClassifyPipeline(Base):
         super().__init__(card, device, dtype)
         if card.kind == "sentence-embedding":
             self.impl = _ZeroShot(engine.load(card, device, dtype))
+            self.runtime = self.impl.encoder.runtime
         elif card.kind == "text-classification":
             self.impl = _SequenceClassifier(card, self.device, dtype)
         else:
@@ -39,6 +40,11 @@ class ClassifyPipeline(Base):
 
             self.impl = ImageClassifier(card, self.device, dtype)
         self.device, self.dtype = self.impl.device, self.impl.dtype
+
+    @classmethod
+    def advise_model(cls, card, inputs, options, **kw):
+        """Zero-shot text runs on the text-encoder runtime that is fastest here (see auto_runtime)."""
+        return auto_runtime(cls.task, card, kw.get("runtime"), kw.get("device", "auto"), kw.get("dtype", "auto")), []
 
     def run(self, inputs, options, clock):
         n_ok = 0

@@ -2,8 +2,9 @@
 
 An engine turns token ids into one pooled vector per text, on one runtime. Everything above it
 (length-sorted batching, truncation to the model's window, normalisation, progress) is written once
-in pipelines/text/encoder.py, so adding a runtime (ONNX Runtime, say) is one module with a
-subclass of ``TextEncoderEngine`` plus its rows in ``taskrun.pipelines.RUNTIMES``:
+in pipelines/text/encoder.py, so adding a runtime is one module with a subclass of
+``TextEncoderEngine`` plus its rows in ``taskrun.pipelines.RUNTIMES``. Two exist: transformers
+(hf_encoder.py) and ONNX Runtime on a cached export (ort_encoder.py, onnx_export.py):
 
     ("embed", "onnxruntime"): Runtime(_P + "text.embed:EmbedPipeline", engine=_P + "text.ort_encoder:OrtTextEncoder")
 
@@ -37,6 +38,9 @@ class TextEncoderEngine(ABC):
     dtype: str
     dim: int
     max_tokens: int
+    # At most this many padded tokens per forward pass (None: only the caller's batch size counts);
+    # set where a runtime measured a limit (pipelines/text/encoder.py: batches).
+    batch_tokens: int | None = None
 
     @abstractmethod
     def __init__(self, card: ModelCard, device: str, dtype: str) -> None:
@@ -59,6 +63,17 @@ class TextEncoderEngine(ABC):
 
         Rows are at most ``max_tokens`` long and may differ in length: the engine pads them to the
         longest row and masks the padding out of the pooling."""
+
+
+def pad_rows(ids: list[list[int]], pad: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(input_ids, attention_mask)`` as int64 arrays: each row padded with ``pad`` to the longest."""
+    width = max(len(x) for x in ids)
+    input_ids = np.full((len(ids), width), pad, dtype=np.int64)
+    mask = np.zeros((len(ids), width), dtype=np.int64)
+    for j, row in enumerate(ids):
+        input_ids[j, : len(row)] = row
+        mask[j, : len(row)] = 1
+    return input_ids, mask
 
 
 def max_seq_length(path: Path, model_max_length: int | None) -> int:

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from taskrun.pipelines.device import auto_dtype, resolve_device, resolve_dtype
-from taskrun.pipelines.text.engine import TextEncoderEngine, max_seq_length, pooling_mode
+from taskrun.pipelines.text.engine import TextEncoderEngine, max_seq_length, pad_rows, pooling_mode
 from taskrun.tasks.base import ModelCard, TaskError
 
 
@@ -40,6 +40,9 @@ class HFTextEncoder(TextEncoderEngine):
                             f"the folder may be corrupt or incomplete: re-install or re-download it") from None
         self.max_tokens = max_seq_length(Path(card.path), getattr(self.tokenizer, "model_max_length", None))
         self.pooling = pooling_mode(Path(card.path))
+        # float32 on a CPU: batches of at most 1,024 padded tokens ran 1.1-1.2x batches of 64 texts
+        # on 2,000 mixed sentences (2 AVX2 cores); bf16 and GPUs keep whole batches, as measured before.
+        self.batch_tokens = 1024 if self.device == "cpu" and self.dtype == "float32" else None
         self.dim = self.model.config.hidden_size
         self._token_types = getattr(self.model.config, "type_vocab_size", 0) > 0
         self._pad = self.tokenizer.pad_token_id or 0
@@ -50,12 +53,8 @@ class HFTextEncoder(TextEncoderEngine):
 
     def encode_batch(self, ids: list[list[int]]) -> np.ndarray:
         torch = self._torch
-        width = max(len(x) for x in ids)
-        input_ids = torch.full((len(ids), width), self._pad, dtype=torch.long)
-        mask = torch.zeros((len(ids), width), dtype=torch.long)
-        for j, row in enumerate(ids):
-            input_ids[j, : len(row)] = torch.tensor(row)
-            mask[j, : len(row)] = 1
+        ids_np, mask_np = pad_rows(ids, self._pad)
+        input_ids, mask = torch.from_numpy(ids_np), torch.from_numpy(mask_np)
         hidden = self.model(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
                             token_type_ids=torch.zeros_like(input_ids).to(self.device)
                             if self._token_types else None).last_hidden_state.float()

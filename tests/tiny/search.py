@@ -3,7 +3,7 @@ from tests.tiny.bert import build
 
 
 def case(root, runtime="transformers"):
-    if runtime != "transformers":
+    if runtime not in ("transformers", "onnxruntime"):
         no_case("search", runtime)
     corpus = root / "tiny-corpus"
     corpus.mkdir(exist_ok=True)
