@@ -50,7 +50,14 @@ RUNTIMES: dict[tuple[str, str], Runtime] = {
                                         engine=_P + "text.hf_encoder:HFTextEncoder"),
     ("classify", "transformers"): Runtime(_P + "text.classify:ClassifyPipeline",
                                           engine=_P + "text.hf_encoder:HFTextEncoder"),
+    # Sentence encoders exported once to ONNX (pipelines/text/onnx_export.py): the default on a CPU
+    # without bf16 units, where it runs 1.4x transformers float32 (pipelines/text/encoder.py: auto_runtime).
+    ("embed", "onnxruntime"): Runtime(_P + "text.embed:EmbedPipeline",
+                                      engine=_P + "text.ort_encoder:OrtTextEncoder"),
+    ("search", "onnxruntime"): Runtime(_P + "text.search:SearchPipeline",
+                                       engine=_P + "text.ort_encoder:OrtTextEncoder"),
     ("classify", "torch"): Runtime(_P + "vision.efficientnet:EfficientNetPipeline"),
+    ("classify", "onnxruntime"): Runtime(_P + "vision.efficientnet_ort:EfficientNetOrtPipeline"),
     ("detect", "torch"): Runtime(_P + "vision.faces:FacePipeline"),
     ("detect", "transformers"): Runtime(_P + "vision.hf_detect:DetectPipeline"),
     ("transcribe", "ctranslate2"): Runtime(_P + "speech.transcribe:TranscribePipeline",
@@ -156,14 +163,14 @@ def cached_model(card: ModelCard, runtime: str, device: str, dtype: str, role: s
     tokenizer, or two heads of one checkpoint. Each use marks the entry most recently used."""
     key = (card.digest, card.path, runtime, device, dtype, role)
     with _LOCK:
-        hit = _touch(key)
+        hit = _touch(key, card)
         if hit is not None:
             return hit
         key_lock = _LOADING.setdefault(key, threading.Lock())
     with key_lock:  # a second caller for this key waits here for the first one's load
         try:
             with _LOCK:
-                hit = _touch(key)
+                hit = _touch(key, card)
                 if hit is not None:
                     return hit
                 dropped = _make_room(_expected_bytes(card, runtime, device, dtype), keep=None)

@@ -69,7 +69,7 @@ def file_inputs(paths: list[Path], kind: str) -> list[Input]:
 
 
 def transcribe(model: str | None, against: tuple[str, ...], data: list[Path], quick: bool) -> Suite:
-    """taskrun's default decoding against faster-whisper (sequential greedy and beam 5, and its
+    """taskrun's default decoding (greedy) against faster-whisper (sequential greedy and beam 5, and its
     BatchedInferencePipeline) on the same CTranslate2 weights; WER where a reference .txt sits
     beside the audio."""
     import soundfile as sf
@@ -80,6 +80,8 @@ def transcribe(model: str | None, against: tuple[str, ...], data: list[Path], qu
     audio_s = sum(sf.info(str(p)).duration for p in paths)
     suite = Suite("transcribe", model, "audio_s", round(audio_s, 3),
                   [Contender("taskrun", taskrun_job("transcribe", inputs, {}, model), "taskrun", "default options"),
+                   Contender("taskrun --beam-size 5", taskrun_job("transcribe", inputs, {"beam_size": 5}, model),
+                             "taskrun", "beam 5, the default before it was chosen by WER"),
                    Contender("taskrun --batch-size 8", taskrun_job("transcribe", inputs, {"batch_size": 8}, model),
                              "taskrun", "windows after the first decoded 8 at a time")])
     settings = [("faster-whisper greedy", 1, False), ("faster-whisper beam 5", 5, False),
@@ -168,14 +170,22 @@ _FALLBACK_TEXT = ("the quick brown fox jumps over the lazy dog while a cat sleep
 
 
 def embed(model: str | None, against: tuple[str, ...], data: list[Path], quick: bool) -> Suite:
-    """taskrun embed against sentence-transformers ``encode`` (batch 32, normalised), on the
-    same folder; quality is the lowest cosine between taskrun's vectors and the reference's."""
+    """taskrun embed (default runtime and dtype; and on transformers when that is not the default)
+    against sentence-transformers ``encode`` (batch 32, normalised, float32) and ONNX Runtime float32
+    on a plain export of the same folder (length-sorted batches of 32, mean pooling in numpy, as
+    fastembed runs it); quality is the lowest cosine between taskrun's vectors and each other's."""
     model = model or "minilm"
     texts = [line for p in data for line in Path(p).read_text().splitlines() if line.strip()] if data \
         else sentences(300 if quick else 2000)
     inputs = [Input(source=f"s{i}", kind="text", text=t) for i, t in enumerate(texts)]
+    runtime = _embed_runtime(model)
     suite = Suite("embed", model, "sentences", len(texts),
-                  [Contender("taskrun", taskrun_job("embed", inputs, {}, model), "taskrun", "default dtype")])
+                  [Contender("taskrun", taskrun_job("embed", inputs, {}, model), "taskrun",
+                             f"default runtime ({runtime}) and dtype")])
+    if runtime != "transformers" and pick(against, "taskrun --runtime transformers"):
+        suite.contenders.append(Contender("taskrun --runtime transformers",
+                                          taskrun_job("embed", inputs, {}, model, runtime="transformers"),
+                                          "taskrun", "transformers, default dtype"))
     if pick(against, "sentence-transformers"):
         if missing("sentence_transformers"):
             suite.skipped.append(Skipped("sentence-transformers", "sentence-transformers is not installed "
@@ -183,17 +193,27 @@ def embed(model: str | None, against: tuple[str, ...], data: list[Path], quick: 
         else:
             suite.contenders.append(Contender("sentence-transformers", _st(model, texts),
                                               note="encode, batch 32, float32, normalised"))
-    _skip_onnxruntime(suite, against)
+    if pick(against, "onnxruntime"):
+        if missing("onnxruntime") or missing("onnx"):
+            suite.skipped.append(Skipped("onnxruntime", "the ONNX Runtime reference exports the model first, "
+                                                        "which needs onnxruntime and onnx (pip install onnx)"))
+        else:
+            suite.contenders.append(Contender("onnxruntime", _ort_embed(model, texts),
+                                              note="float32, length-sorted batches of 32, default session"))
     suite.quality = _cosines
     return suite
 
 
-def _skip_onnxruntime(suite, against) -> None:
-    """ONNX Runtime, asked for by name, is said to be skipped rather than silently left out."""
-    if against and pick(against, "onnxruntime"):
-        suite.skipped.append(Skipped("onnxruntime", "ONNX Runtime needs an ONNX export of the model, which "
-                                                    "taskrun does not ship (no onnx exporter installed); "
-                                                    "export it with optimum and time it apart"))
+def _embed_runtime(model: str) -> str:
+    """The runtime `run embed` picks for ``model`` here (pipelines/text/encoder.py: auto_runtime);
+    a model that does not resolve fails when its contender loads, with resolve's own message."""
+    from taskrun.models.resolve import resolve
+    from taskrun.pipelines.text.encoder import auto_runtime
+
+    try:
+        return auto_runtime("embed", resolve(model), None, "auto", "auto").runtime
+    except TaskError:
+        return "transformers"
 
 
 def _st(model: str, texts: list[str]):
@@ -209,96 +229,140 @@ def _st(model: str, texts: list[str]):
     return load
 
 
-def _cosines(outs: dict[str, Any]) -> dict:
+def export_plain_encoder(path: str, dst: Path) -> Path:
+    """The encoder exported the way its users' tools ship it (fastembed, optimum): input_ids,
+    attention_mask and token_type_ids in, last_hidden_state out, float32; pooling is left to the
+    caller."""
+    import warnings
+
+    import torch
+    from transformers import AutoModel
+
+    class Plain(torch.nn.Module):  # the tracer passes inputs by position; the model wants names
+        def __init__(self, net):
+            super().__init__()
+            self.net = net
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            return self.net(input_ids=input_ids, attention_mask=attention_mask,
+                            token_type_ids=token_type_ids).last_hidden_state
+
+    net = Plain(AutoModel.from_pretrained(path, dtype=torch.float32).eval())
+    ids = torch.ones(2, 8, dtype=torch.long)
+    with warnings.catch_warnings(), torch.inference_mode():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(net, (ids, torch.ones_like(ids), torch.zeros_like(ids)), str(dst),
+                          input_names=["input_ids", "attention_mask", "token_type_ids"],
+                          output_names=["last_hidden_state"], opset_version=17, dynamo=False,
+                          dynamic_axes={n: {0: "batch", 1: "tokens"} for n in
+                                        ("input_ids", "attention_mask", "token_type_ids", "last_hidden_state")})
+    return dst
+
+
+def ort_embed(session, tokenizer, texts: list[str], batch: int = 32, max_length: int = 256):
+    """ONNX Runtime as fastembed runs it: texts sorted by token count, batches padded to their
+    longest, mean pooling over the mask and L2 normalisation in numpy; vectors in input order."""
     import numpy as np
+
+    lengths = [len(x) for x in tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]]
+    order = sorted(range(len(texts)), key=lengths.__getitem__)
+    out = [None] * len(texts)
+    for start in range(0, len(order), batch):
+        idx = order[start:start + batch]
+        enc = tokenizer([texts[i] for i in idx], padding=True, truncation=True, max_length=max_length,
+                        return_tensors="np")
+        ids, mask = enc["input_ids"].astype(np.int64), enc["attention_mask"].astype(np.int64)
+        feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+        hidden = session.run(None, feeds)[0]
+        m = feeds["attention_mask"][..., None].astype(np.float32)
+        vec = (hidden * m).sum(1) / np.maximum(m.sum(1), 1e-9)
+        vec /= np.maximum(np.linalg.norm(vec, axis=1, keepdims=True), 1e-12)
+        for i, v in zip(idx, vec):
+            out[i] = v
+    return np.stack(out)
+
+
+def _ort_embed(model: str, texts: list[str]):
+    def load():
+        import tempfile
+
+        from taskrun.models.resolve import resolve
+        from taskrun.pipelines.device import configure_threads  # first: taskrun.pipelines turns off
+
+        import onnxruntime as ort  # onnxruntime's ~/.cache writes
+        from transformers import AutoTokenizer
+
+        configure_threads()
+        path = resolve(model).path
+        with tempfile.TemporaryDirectory(prefix="taskrun-bench-") as tmp:  # the session holds the graph
+            session = ort.InferenceSession(str(export_plain_encoder(path, Path(tmp) / "model.onnx")),
+                                           providers=["CPUExecutionProvider"])
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        return lambda: ort_embed(session, tokenizer, texts)
+    return load
+
+
+def _cosines(outs: dict[str, Any]) -> dict:
+    """The lowest cosine between taskrun's default vectors and each other contender's (a taskrun
+    job's record, or a matrix of vectors)."""
+    import numpy as np
+
+    def matrix(o):
+        m = np.stack([r.vector for r in o.results]) if hasattr(o, "results") else np.asarray(o)
+        m = m.astype(np.float32)
+        return m / np.linalg.norm(m, axis=1, keepdims=True)
 
     ours = outs.get("taskrun")
     if ours is None:
         return {}
-    a = np.stack([r.vector for r in ours.results]).astype(np.float32)
-    a /= np.linalg.norm(a, axis=1, keepdims=True)
-    q = {}
-    for name, o in outs.items():
-        if name != "taskrun":
-            b = np.asarray(o, dtype=np.float32)
-            b /= np.linalg.norm(b, axis=1, keepdims=True)
-            q[name] = {"min_cosine_vs_taskrun": round(float((a * b).sum(1).min()), 5)}
-    return q
+    a = matrix(ours)
+    return {name: {"min_cosine_vs_taskrun": round(float((a * matrix(o)).sum(1).min()), 5)}
+            for name, o in outs.items() if name != "taskrun"}
 
 
 # --------------------------------------------------------------------------- classify (images)
 
 
-def photos(n: int) -> list[Path]:
-    """``n`` photos: the checkout's sample photos, repeated."""
-    files = sorted((SAMPLES / "images").glob("*.jpg"))
-    if not files:
-        raise TaskError(f"no sample photos in {SAMPLES / 'images'}; pass --input PHOTO (repeatable)")
-    return [files[i % len(files)] for i in range(n)]
-
-
 def classify(model: str | None, against: tuple[str, ...], data: list[Path], quick: bool) -> Suite:
-    """taskrun classify (batch 16, default dtype) against the plain torch loop from the model's
-    README (PIL resize, float32, one image at a time); quality: top-1 agreement."""
+    """taskrun classify (batch 16, default runtime and dtype; and on its torch runtime) against
+    ONNX Runtime float32 at batch 16 on the same weights (exported to ONNX for the run) and the
+    plain torch loop from the model's README, both with the same PIL preprocessing; quality:
+    top-1 agreement with taskrun."""
+    from taskrun.runner.bench_classify import ort_loop_run, photos, top1_agreement, torch_loop_run
+
     model = model or "efficientnet-lite0"
     files = data or photos(16 if quick else 64)
     inputs = file_inputs(files, "image")
+    opts = {"batch_size": 16, "top_k": 1}
     suite = Suite("classify", model, "images", len(files),
-                  [Contender("taskrun", taskrun_job("classify", inputs, {"batch_size": 16, "top_k": 1}, model),
-                             "taskrun", "batch 16, default dtype")])
+                  [Contender("taskrun", taskrun_job("classify", inputs, opts, model), "taskrun",
+                             "batch 16, default runtime and dtype")])
+    if _torch_runtime_is_not_default(model):
+        suite.contenders.append(Contender("taskrun --runtime torch", taskrun_job("classify", inputs, opts, model,
+                                                                                 runtime="torch"),
+                                          "taskrun", "batch 16, torch module, default dtype"))
+    plain = model == "efficientnet-lite0" and not missing("efficientnet_lite_pytorch")
+    if pick(against, "onnxruntime"):
+        if not plain or missing("onnxruntime") or missing("onnx"):
+            suite.skipped.append(Skipped("onnxruntime", "the ONNX Runtime reference is written for "
+                                                        "efficientnet-lite0 and needs onnxruntime and onnx "
+                                                        "(pip install onnx) for the export"))
+        else:
+            suite.contenders.append(Contender("onnxruntime", ort_loop_run(model, files),
+                                              note="PIL resize, float32, batch 16, default session"))
     if pick(against, "torch loop"):
-        if model != "efficientnet-lite0" or missing("efficientnet_lite_pytorch"):
+        if not plain:
             suite.skipped.append(Skipped("torch loop", "the plain torch loop is written for efficientnet-lite0 "
                                                        "(efficientnet-lite-pytorch)"))
         else:
-            suite.contenders.append(Contender("torch loop", _torch_loop(model, files),
+            suite.contenders.append(Contender("torch loop", torch_loop_run(model, files),
                                               note="PIL resize, float32, batch 1"))
-    _skip_onnxruntime(suite, against)
-    suite.quality = _top1
+    suite.quality = top1_agreement
     return suite
 
 
-def reference_model(path: str):
-    import torch
-    from efficientnet_lite_pytorch import EfficientNet
+def _torch_runtime_is_not_default(model: str) -> bool:
+    from taskrun.models.resolve import resolve
 
-    model = EfficientNet.from_name("efficientnet-lite0")
-    model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
-    return model.eval()
-
-
-def reference_loop(model, files) -> list[int]:
-    """The plain loop: one image at a time, float32, NCHW; the top-1 class index of each."""
-    import numpy as np
-    import torch
-    from PIL import Image
-
-    top1 = []
-    with torch.inference_mode():
-        for f in files:
-            img = Image.open(f).convert("RGB").resize((224, 224), Image.BILINEAR)
-            x = torch.from_numpy(np.asarray(img, dtype=np.float32) / 127.5 - 1.0).permute(2, 0, 1)
-            top1.append(int(model(x.unsqueeze(0))[0].argmax()))
-    return top1
-
-
-def _torch_loop(model: str, files: list[Path]):
-    def load():
-        from taskrun.models.resolve import resolve
-        from taskrun.pipelines.device import configure_threads
-
-        configure_threads()
-        net = reference_model(resolve(model).path)
-        return lambda: reference_loop(net, files)
-    return load
-
-
-def _top1(outs: dict[str, Any]) -> dict:
-    from taskrun.pipelines.vision.efficientnet import imagenet_labels
-
-    ours, names = outs.get("taskrun"), imagenet_labels()
-    if ours is None:
-        return {}
-    labels = [r.labels[0].label for r in ours.results]
-    return {name: {"top1_agreement_with_taskrun": round(sum(names[a] == b for a, b in zip(o, labels)) / len(labels), 4)}
-            for name, o in outs.items() if name != "taskrun"}
+    card = resolve(model)
+    return card.runtime != "torch" and "torch" in card.runtimes

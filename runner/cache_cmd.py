@@ -22,6 +22,8 @@ import click
 KINDS = [
     ("gguf/*", "gguf", "a GGUF model converted for the transformers runtime"),  # pipelines/llm/gguf_convert.py
     ("converted/*", "ct2", "a CTranslate2 Whisper model converted to transformers"),  # pipelines/speech/ct2_convert.py
+    ("onnx-vision/*", "onnx", "an image classifier exported to ONNX for ONNX Runtime"),  # vision/efficientnet_ort.py
+    ("onnx-text/*", "onnx", "a text encoder exported to ONNX for ONNX Runtime"),  # pipelines/text/onnx_export.py
     ("llamacpp/*", "llamacpp", "a float16 copy of a small GGUF that llama.cpp reads prompts with"),  # llamacpp_native.py
     ("joined/*", "joined", "a model joined from its split weight packages"),  # models/resolve.py
     ("search-index.sqlite*", "search", "search: corpus chunks and their vectors"),  # pipelines/text/search.py
