@@ -145,3 +145,14 @@ def auto_dtype(device: str, prefer_bf16: bool) -> str:
     if device == "cpu" and cpu_has_bf16():
         return "bfloat16"
     return "float32"
+
+
+def require_cpu_float32(what: str, device: str, dtype: str, instead: str) -> None:
+    """Refuse a --device or --dtype that a CPU-only float32 runtime (the ONNX Runtime engines)
+    cannot honour, naming the runtime that can: ``what`` is "the onnxruntime runtime for classify"."""
+    from taskrun.tasks.base import TaskError
+
+    if device not in ("auto", "cpu", "", None):
+        raise TaskError(f"{what} runs on the CPU; for --device {device} use --runtime {instead}")
+    if dtype not in ("auto", "float32", "", None):
+        raise TaskError(f"{what} runs float32; for --dtype {dtype} use --runtime {instead}")

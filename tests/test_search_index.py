@@ -113,7 +113,8 @@ def test_a_damaged_index_is_rebuilt_with_one_notice(bert, corpus, session_cache)
     assert r.stderr.count("could not be read") == 1 and "rebuilt" in r.stderr
     out = json.loads(r.stdout)
     assert out["metrics"]["reused_passages"] == 0 and len(out["notes"]) == 1
-    assert RunLog().recent(1)[0]["notes"] == out["notes"]  # kept in the run log too
+    # kept in the run log too (which also names a converted copy the model ran, such as an ONNX export)
+    assert RunLog().recent(1)[0]["notes"][:len(out["notes"])] == out["notes"]
     assert search(bert, corpus)["notes"] == []
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from taskrun.pipelines.device import cpu_threads
+from taskrun.pipelines.device import cpu_threads, require_cpu_float32
 from taskrun.pipelines.text.engine import TextEncoderEngine, max_seq_length, pad_rows
 from taskrun.pipelines.text.onnx_export import GRAPH, ensure_exported, read_info
 from taskrun.tasks.base import ModelCard, TaskError
@@ -27,12 +27,7 @@ class OrtTextEncoder(TextEncoderEngine):
     runtime = "onnxruntime"
 
     def __init__(self, card: ModelCard, device: str, dtype: str) -> None:
-        if device not in ("auto", "cpu", "", None):
-            raise TaskError(f"the onnxruntime runtime runs text encoders on the CPU; for --device {device} "
-                            f"use --runtime transformers")
-        if dtype not in ("auto", "float32", "", None):
-            raise TaskError(f"the onnxruntime runtime runs text encoders in float32; for --dtype {dtype} "
-                            f"use --runtime transformers")
+        require_cpu_float32("the onnxruntime runtime for text encoders", device, dtype, "transformers")
         self.device, self.dtype = "cpu", "float32"
         try:
             import onnxruntime as ort

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from taskrun.pipelines import cached_model
-from taskrun.pipelines.device import cpu_threads
+from taskrun.pipelines.device import cpu_threads, require_cpu_float32
 from taskrun.pipelines.vision.efficientnet import (
     EfficientNetBase,
     build_model,
@@ -99,12 +99,7 @@ class EfficientNetOrtPipeline(EfficientNetBase):
     runtime = "onnxruntime"
 
     def __init__(self, card, device="auto", dtype="auto"):
-        if device not in ("auto", "cpu", "", None):
-            raise TaskError(f"the onnxruntime runtime for classify runs on the CPU; for --device {device} "
-                            f"use --runtime torch")
-        if dtype not in ("auto", "float32", "", None):
-            raise TaskError(f"the onnxruntime runtime for classify runs float32; for --dtype {dtype} "
-                            f"use --runtime torch")
+        require_cpu_float32("the onnxruntime runtime for classify", device, dtype, "torch")
         self.card = card
         self.device, self.dtype = "cpu", "float32"
         if card.kind != self.kind:
