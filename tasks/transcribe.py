@@ -23,8 +23,9 @@ class Options:
                        help="transcribe keeps the spoken language; translate outputs English "
                             "(multilingual Whisper only).")
     chunk_s: float = option(30.0, "--chunk-s",
-                            help="Longest piece decoded at once, in seconds; each cut falls in the "
-                                 "quietest moment of the piece's last seconds.")
+                            help="Longest piece Whisper hears at once, in seconds. On ctranslate2 each "
+                                 "piece starts at the last timestamp decoded (faster-whisper's seek); "
+                                 "elsewhere each cut falls in the quietest moment of its last seconds.")
     vad: bool = option(True, "--vad",
                        help="Skip non-speech with voice-activity detection (Silero): faster on "
                             "meetings, and silence yields no invented words.")
