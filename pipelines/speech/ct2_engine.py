@@ -70,11 +70,12 @@ class CT2WhisperEngine(SpeechEngine):
     # Five minutes of 16 kHz float32 is 19 MB, and its log-Mel features 10 MB.
     seek_window_s = 300.0
 
-    def __init__(self, card, device="auto", dtype="auto"):
+    def __init__(self, card, device="auto", dtype="auto", threads: int | None = None):
         if not (Path(card.path) / "model.bin").exists():
             raise TaskError(f"`{card.name}` is not a CTranslate2 folder (no model.bin); "
                             f"run it with --runtime transformers")
         self.card = card
+        self.threads = threads  # None: every core (cpu_threads)
         self.device = ct2_device(device)
         self.dtype = compute_type(dtype, self.device, card.extra)
         self.model = self._load()
@@ -87,7 +88,7 @@ class CT2WhisperEngine(SpeechEngine):
         dev, _, index = self.device.partition(":")
         try:
             return WhisperModel(self.card.path, device=dev, device_index=int(index or 0),
-                                compute_type=self.dtype, cpu_threads=cpu_threads() if dev == "cpu" else 0,
+                                compute_type=self.dtype, cpu_threads=(self.threads or cpu_threads()) if dev == "cpu" else 0,
                                 local_files_only=True)
         except (RuntimeError, ValueError) as exc:
             raise TaskError(f"CTranslate2 could not load {self.card.path} ({exc}); the folder is "

@@ -113,9 +113,16 @@ def detect(inputs: list[Input], alias: str, device: str, offline: bool) -> tuple
     if speech is None:
         return None
     try:
+        from taskrun.pipelines import cached_model
         from taskrun.pipelines.speech.ct2_engine import CT2WhisperEngine
 
-        engine = CT2WhisperEngine.load(resolve(alias, offline=offline), _ct2_device(device), DETECTOR_DTYPE)
+        card, dev = resolve(alias, offline=offline), _ct2_device(device)
+        # One thread: a second CTranslate2 model that ran on two threads in this process made the
+        # English model's decoding ~2x slower for the rest of the process (generate 1.9-2.2 s
+        # against 1.1-1.3 s on the meeting, reproduced with faster-whisper alone); on one
+        # thread it does not. Its own cache role, so it never stands in for a transcribing engine.
+        engine = cached_model(card, CT2WhisperEngine.runtime, dev, DETECTOR_DTYPE, "language-detector",
+                              lambda: CT2WhisperEngine(card, dev, DETECTOR_DTYPE, threads=1))
     except (TaskError, ImportError):
         return None
     lang, prob = engine.detect_language(speech)
