@@ -123,3 +123,35 @@ def test_real_english_keeps_the_default_without_notes(tmp_path):
     _, out = job(path)
     assert out["model"]["name"] == "whisper-tiny.en" and out["notes"] == []
     assert "dashwood" in out["items"][0]["result"]["text"].lower()
+
+
+def test_the_detector_runs_on_one_thread_in_a_cache_slot_of_its_own(monkeypatch):
+    """A second CTranslate2 model that ran on two threads made the English model decode ~2x
+    slower for the rest of the process; the detector runs on one, and is never handed out as a
+    transcribing engine (its own cache role)."""
+    from types import SimpleNamespace
+
+    from taskrun import pipelines
+    from taskrun.pipelines.speech import ct2_engine
+
+    made, roles = [], []
+
+    class Fake:
+        runtime = "ctranslate2"
+
+        def __init__(self, card, device, dtype, threads=None):
+            made.append(threads)
+
+        def detect_language(self, samples):
+            return "de", 0.99
+
+    def cached(card, runtime, device, dtype, role, factory):
+        roles.append(role)
+        return factory()
+
+    monkeypatch.setattr(ct2_engine, "CT2WhisperEngine", Fake)
+    monkeypatch.setattr(pipelines, "cached_model", cached)
+    monkeypatch.setattr(language, "first_speech", lambda path: np.zeros(16000, np.float32))
+    monkeypatch.setattr(language, "resolve", lambda alias, offline=False: SimpleNamespace(name=alias))
+    heard = language.detect([SimpleNamespace(path="x.wav")], "whisper-base", "auto", True)
+    assert heard == ("x.wav", "de", 0.99) and made == [1] and roles == ["language-detector"]
