@@ -111,7 +111,8 @@ Result = Transcript
 class Metrics:
     audio_s: float = metric("length of all decoded audio, seconds")
     rtf: float = metric("processing time (read + resample + VAD + decode) ÷ audio_s; lower is faster")
-    chunks: int = metric("pieces decoded by the model (silent pieces skipped are not counted)", 0)
+    chunks: int = metric("pieces handed to the model, silent ones skipped (on ctranslate2 a piece is up to "
+                         "5 min of speech, which faster-whisper walks in 30 s windows)", 0)
     words: int = metric("words in all transcripts", 0)
     speech_s: float | None = metric("audio that voice-activity detection kept as speech (with --vad)", None)
     rtf_speech: float | None = metric("processing time ÷ speech_s (with --vad)", None)

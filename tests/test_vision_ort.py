@@ -9,27 +9,16 @@ import json
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from taskrun.runner.cli import main
 from taskrun.tasks import events as ev
 from taskrun.tasks.base import Input
 
+from tests.test_vision import invoke, job
 from tests.tiny import models_toml_with
 from tests.tiny.torch_vision import alias, build_efficientnet
 from tests.tiny.vision import picture
 
 IMAGES = Path(__file__).resolve().parent.parent / "samples" / "images"
-
-
-def invoke(*args):
-    return CliRunner().invoke(main, [str(a) for a in args])
-
-
-def job(*args):
-    r = invoke(*args, "--json", "-q")
-    assert r.exit_code == 0, r.output
-    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture

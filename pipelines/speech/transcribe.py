@@ -68,7 +68,7 @@ class _Tally:
     done_s: float = 0.0  # the headers' length of the files finished
     audio_s: float = 0.0  # audio actually read (a truncated file holds less than its header says)
     speech_s: float = 0.0  # what VAD kept
-    chunks: int = 0  # windows decoded
+    chunks: int = 0  # pieces handed to the engine (a seeking engine's are long stretches)
     words: int = 0
 
 
