@@ -7,7 +7,16 @@ from pathlib import Path
 
 import click
 
-from taskrun.runner.chains import ChainRun, StageView, check_chain, default_out_dir, load_chain, run_chain
+from taskrun.runner.chains import (
+    ChainRun,
+    StageView,
+    allow_partial,
+    check_chain,
+    default_out_dir,
+    load_chain,
+    partial_steps,
+    run_chain,
+)
 from taskrun.runner.output import EventPrinter, metrics_table, print_json
 from taskrun.runner.runlog import RunLog
 from taskrun.runner.terminal import for_terminal
@@ -51,9 +60,11 @@ class ChainView(StageView):
 
 
 def _run(name_or_file, args, out_dir, device, dtype, json_mode, offline, log_db, quiet,
-         only_last=False, progress=None) -> ChainRun:
+         only_last=False, progress=None, accept_partial=False) -> ChainRun:
     chain = load_chain(name_or_file)
     check_chain(chain)  # the wiring, before inputs are even looked at
+    if accept_partial:
+        chain = allow_partial(chain)
     out = Path(out_dir) if out_dir else default_out_dir(chain)
     view = ChainView(len(chain.steps), json_mode, quiet, only_last, progress)
     return run_chain(chain, tuple(args), out, device=device, dtype=dtype, offline=offline,
@@ -72,7 +83,11 @@ def _report(run: ChainRun, headline: str) -> None:
 @click.argument("name_or_file")
 @click.argument("inputs", nargs=-1)
 @common
-def chain_cmd(name_or_file, inputs, out_dir, device, dtype, json_mode, offline, log_db, quiet):
+@click.option("--allow-partial", "accept_partial", is_flag=True,
+              help="Accept a step's partial result (a recording cut short or damaged: transcribed as "
+                   "far as it goes, with a warning); without this the chain still runs and writes its "
+                   "artifacts, then exits non-zero.")
+def chain_cmd(name_or_file, inputs, out_dir, device, dtype, json_mode, offline, log_db, quiet, accept_partial):
     """Run a chain of tasks (configs/chains/NAME.toml, or a TOML file) on INPUTS.
 
     \b
@@ -82,11 +97,15 @@ def chain_cmd(name_or_file, inputs, out_dir, device, dtype, json_mode, offline, 
     The whole chain is checked before anything loads. Each stage is a separate job in the run
     log, linked by a chain id; its text output is written to the output folder.
     """
-    run = _run(name_or_file, inputs, out_dir, device, dtype, json_mode, offline, log_db, quiet)
+    run = _run(name_or_file, inputs, out_dir, device, dtype, json_mode, offline, log_db, quiet,
+               accept_partial=accept_partial)
     if json_mode:
         print_json(run.to_json())
     elif not quiet:
         _report(run, f"chain {run.chain.name}: {len(run.records)} stages in {run.wall_s:.2f} s")
+    cut = partial_steps(run)
+    if cut:  # shown, written and logged partial; not accepted
+        raise click.ClickException(cut)
 
 
 @click.command("ask")

@@ -27,6 +27,7 @@ and runs it through the same run_steps as a chain file does.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import time
@@ -212,6 +213,29 @@ def then_chain(task: Task, specs: tuple[str, ...], model: str | None = None) -> 
                             f"{prev.produces or 'nothing a task takes'}, {nxt.name} takes {nxt.takes}")
         prev = nxt
     return Chain(name=" then ".join(s.task for s in steps), description="", inputs={}, steps=steps)
+
+
+def allow_partial(chain: Chain) -> Chain:
+    """``chain`` with --allow-partial given to every step whose task takes it (transcribe: a
+    recording cut short), over what the chain file sets."""
+    def takes(step: Step) -> bool:
+        task = REGISTRY.get(step.task)
+        return task is not None and any(f.name == "allow_partial" for f in dataclasses.fields(task.Options))
+    steps = [dataclasses.replace(s, options={**s.options, "allow_partial": True}) if takes(s) else s
+             for s in chain.steps]
+    return dataclasses.replace(chain, steps=steps)
+
+
+def partial_steps(run: ChainRun) -> str | None:
+    """The one-line error for steps whose results are partial (a recording cut short, transcribed
+    as far as it goes) and were not accepted with --allow-partial; None when there are none. As a
+    task command does, the chain still ran on them and wrote its artifacts: the exit status says it."""
+    cut = [(i, r) for i, r in enumerate(run.records, 1)
+           if r.incomplete and not getattr(r.options, "allow_partial", False)]
+    if not cut:
+        return None
+    steps = "; ".join(f"step {i} ({r.task}) gave {r.incomplete} partial result(s)" for i, r in cut)
+    return f"chain {run.chain.name}: {steps} (see the warnings above); pass --allow-partial to accept them"
 
 
 def run_chain(chain: Chain, args: tuple[str, ...], out_dir: Path, *, device="auto", dtype="auto",

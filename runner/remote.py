@@ -39,6 +39,7 @@ def execute_remote(task: Task, *, server: str, api_key: str | None, inputs, file
                    device, dtype, json_mode, fmt, output, quiet) -> None:
     """A task command's job, run on the server at ``server``; printed and written as `execute` does."""
     from taskrun.runner.output import EventPrinter, check_output_path, emit, pick_format
+    from taskrun.runner.paths import job_paths
     from taskrun.runner.remote_http import stream_job
 
     if device != "auto" or dtype != "auto":
@@ -46,8 +47,10 @@ def execute_remote(task: Task, *, server: str, api_key: str | None, inputs, file
                         "--help`); drop them, or run the job here without --server")
     fmt = pick_format(task, fmt, output)
     json_mode = json_mode or fmt == "json"
-    if output:
-        check_output_path(output)
+    if output:  # as a local run refuses it, before anything is sent: -o must not be one of the inputs
+        # (a corpus names one on the server, not a local file)
+        read = {k: v for k, v in values.items() if PATH_OPTIONS.get(k) != "name"}
+        check_output_path(output, job_paths(task, inputs, files, read))
     options = local_options(task, values, fmt)
     given = gather_inputs(task, inputs, files)
     names = Sources(task, given)
