@@ -224,7 +224,7 @@ def speed(audio: Path, copies: int, rounds: int, transformers: bool = True) -> d
     if transformers:
         contenders += [Contender("taskrun (transformers)", taskrun_path("transformers", audio), "taskrun", "greedy"),
                        Contender("transformers pipeline direct", lambda: hf_pipeline_path(audio), note="greedy")]
-    measured, order = measure(contenders, rounds)
+    measured, order = measure(contenders, rounds, isolate=True)
     reference = REFERENCE * copies
     rows = {}
     for m in measured:

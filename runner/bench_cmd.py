@@ -1,5 +1,6 @@
-"""`run bench TASK`: taskrun against the engine a user would otherwise pick, measured side by side
-in this process (runner/bench_core.py times, runner/bench_suites.py and bench_more.py say what).
+"""`run bench TASK`: taskrun against the engine a user would otherwise pick, measured side by side,
+each in a process of its own (runner/bench_core.py times, runner/bench_suites.py and bench_more.py
+say what).
 
     run bench transcribe                      # vs faster-whisper (greedy, beam 5, batched)
     run bench embed --against sentence-transformers --rounds 5
@@ -38,21 +39,30 @@ def suite_for(task: str, model, against, data, quick):
 
 
 def bench(task: str, model: str | None = None, against: tuple[str, ...] = (), rounds: int = 3,
-          data: tuple[str, ...] = (), quick: bool = False, on_run=None) -> dict:
-    """Build TASK's suite, measure it (cold, one warm-up, ``rounds`` interleaved rounds) and
-    return the JSON result (runner/bench_core.py's report, with quality)."""
-    from taskrun.runner.bench_core import measure, report
+          data: tuple[str, ...] = (), quick: bool = False, on_run=None, isolate: bool = True,
+          busy: int = 0) -> dict:
+    """Build TASK's suite, measure it (cold, one warm-up, ``rounds`` interleaved rounds; each
+    contender in a process of its own unless ``isolate`` is false; ``busy`` spinning neighbour
+    processes beside it) and return the JSON result (runner/bench_core.py's report, with quality)."""
+    from taskrun.runner.bench_core import busy_neighbours, can_isolate, measure, report
 
     suite = suite_for(task, model, against, data, quick)
-    measured, trace = measure(suite.contenders, rounds, on_run=on_run)
+    isolate = isolate and can_isolate()
+    with busy_neighbours(busy):
+        measured, trace = measure(suite.contenders, rounds, on_run=on_run, isolate=isolate)
     quality = suite.quality({m.name: m.output for m in measured}) if suite.quality else None
-    return report(suite.task, suite.model, rounds, suite.units, suite.unit, measured, suite.skipped, trace, quality)
+    return report(suite.task, suite.model, rounds, suite.units, suite.unit, measured, suite.skipped, trace, quality,
+                  isolated=isolate, busy=busy)
 
 
 def table(result: dict) -> str:
     unit = result["unit"]
+    where = "a process each" if result.get("isolated") else "one process"
+    if result["host"].get("busy_neighbours"):
+        where += f" · {result['host']['busy_neighbours']} busy neighbour(s)"
     lines = [f"{result['task']} · {result['model']} · {result['units_per_run']} {unit} per run · "
-             f"{result['rounds']} rounds · {result['host']['cpus']} CPUs (load {result['host']['load_average_1min']})",
+             f"{result['rounds']} rounds · {where} · {result['host']['cpus']} CPUs "
+             f"(load {result['host']['load_average_1min']})",
              f"{'contender':<26}{'cold s':>9}{'warm s':>9}{'spread':>8}{unit + '/s':>13}  quality / how"]
     for r in result["contenders"]:
         q = " ".join(f"{k}={v}" for k, v in (r.get("quality") or {}).items())
@@ -76,20 +86,28 @@ def table(result: dict) -> str:
 @click.option("--input", "data", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="Data to measure on instead of the samples (audio files, photos, a text file of lines).")
 @click.option("--quick", is_flag=True, help="Less data per run (a smoke run).")
+@click.option("--in-process", "in_process", is_flag=True,
+              help="Run every contender in this one process instead of a process each (libraries that "
+                   "share a process can slow each other: see the README's Performance section).")
+@click.option("--busy", default=0, show_default=True, type=click.IntRange(min=0), metavar="N",
+              help="Run N processes spinning on the CPU beside the benchmark: how each contender fares on "
+                   "a shared machine.")
 @click.option("--json", "json_mode", is_flag=True, help="Print the result as one JSON object.")
 @click.option("--output", "-o", type=click.Path(dir_okay=False), help="Also write the JSON result here.")
-def bench_cmd(task, against, model, rounds, data, quick, json_mode, output):
-    """Measure TASK in taskrun and in the reference engines, side by side, in this process.
+def bench_cmd(task, against, model, rounds, data, quick, in_process, busy, json_mode, output):
+    """Measure TASK in taskrun and in the reference engines, side by side.
 
-    Each contender loads and runs once (cold), once more untimed (warm-up), then --rounds timed
-    rounds in alternating order; the table gives medians, their spread ((max-min)/median) and
-    taskrun's throughput over each reference's.
+    Each contender runs in a process of its own: it loads and runs once (cold), once more untimed
+    (warm-up), then --rounds timed rounds, the contenders taking turns in alternating order; the
+    table gives medians, their spread ((max-min)/median) and taskrun's throughput over each
+    reference's.
     """
     def progress(name, r, dt):
         if not json_mode:
             click.echo(f"  round {r}: {name} {dt:.3f} s", err=True)
 
-    result = bench(task, model, against, rounds, data, quick, on_run=progress)
+    result = bench(task, model, against, rounds, data, quick, on_run=progress, isolate=not in_process,
+                   busy=busy)
     if output:
         from taskrun.tasks.base import atomic_write
 

@@ -7,6 +7,15 @@ reference is always measured in the same run as taskrun, and only same-run ratio
 "Cold" is the first call after loading (load time is reported apart); "warm" is the median of the
 timed rounds after one untimed warm-up call.
 
+Isolated by default (``measure(..., isolate=True)``): each contender loads and runs in a process
+of its own, forked before anything loads, as a user's program would run it. In one process the
+libraries disturb each other: a second CTranslate2 model that had run on two threads made
+faster-whisper's own decoding ~2x slower for the rest of the process (README, "Transcribe"), so
+one process measured faster-whisper greedy at 0.83x of a standalone run. The parent only hands
+out turns, in the same interleaved order, and each worker times its own call, so the pipe's cost
+is not in the numbers. Where fork is not available, everything runs in this process, and the
+result says so ("isolated": false).
+
 Torch-free: what a contender runs is its own business (runner/bench_suites.py builds them).
 """
 
@@ -15,7 +24,10 @@ from __future__ import annotations
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -67,37 +79,157 @@ def order_of(names: list[str], rounds: int) -> list[list[str]]:
 
 def measure(contenders: list[Contender], rounds: int, warmup: int = 1,
             clock: Callable[[], float] = time.perf_counter,
-            on_run: Callable[[str, int, float], None] | None = None) -> tuple[list[Measured], list[str]]:
+            on_run: Callable[[str, int, float], None] | None = None,
+            isolate: bool = False) -> tuple[list[Measured], list[str]]:
     """Load each contender and time its first (cold) call, then ``warmup`` untimed calls, then
     ``rounds`` interleaved timed rounds. Returns the measurements and the order things ran in
-    ("load:NAME", "cold:NAME", "warmup:NAME", "round1:NAME", ...), which the JSON keeps."""
-    done: dict[str, Measured] = {}
+    ("load:NAME", "cold:NAME", "warmup:NAME", "round1:NAME", ...), which the JSON keeps.
+    ``isolate``: each contender in a forked process of its own (see the module's note)."""
+    if isolate and can_isolate():
+        with _Workers(contenders, clock) as workers:
+            return _measure(contenders, rounds, warmup, workers.load, workers.call, on_run)
     runs: dict[str, Callable[[], Any]] = {}
-    trace: list[str] = []
-    for c in contenders:  # cold: load, then the first call
+
+    def load(c: Contender) -> float:
         t = clock()
         runs[c.name] = c.load()
-        m = Measured(c.name, c.role, c.note, load_s=clock() - t)
-        trace.append(f"load:{c.name}")
+        return clock() - t
+
+    def call(name: str, keep: bool) -> tuple[float, Any]:
         t = clock()
-        m.output = runs[c.name]()
-        m.cold_s = clock() - t
+        out = runs[name]()
+        return clock() - t, out
+
+    return _measure(contenders, rounds, warmup, load, call, on_run)
+
+
+def _measure(contenders, rounds, warmup, load, call, on_run):
+    done: dict[str, Measured] = {}
+    trace: list[str] = []
+    for c in contenders:  # cold: load, then the first call
+        m = Measured(c.name, c.role, c.note, load_s=load(c))
+        trace.append(f"load:{c.name}")
+        m.cold_s, m.output = call(c.name, True)
         trace.append(f"cold:{c.name}")
         done[c.name] = m
     for _ in range(warmup):
         for c in contenders:
-            runs[c.name]()
+            call(c.name, False)
             trace.append(f"warmup:{c.name}")
     for r, names in enumerate(order_of([c.name for c in contenders], rounds)):
         for name in names:
-            t = clock()
-            done[name].output = runs[name]()
-            dt = clock() - t
+            dt, out = call(name, True)
+            done[name].output = out
             done[name].runs_s.append(dt)
             trace.append(f"round{r + 1}:{name}")
             if on_run:
                 on_run(name, r + 1, dt)
     return [done[c.name] for c in contenders], trace
+
+
+def can_isolate() -> bool:
+    import multiprocessing
+
+    return "fork" in multiprocessing.get_all_start_methods()
+
+
+class ContenderFailed(RuntimeError):
+    """A contender's load or run raised in its worker process; the message is the worker's."""
+
+
+def _serve(conn, load: Callable[[], Callable[[], Any]], clock: Callable[[], float]) -> None:
+    """A worker: load on the first message, then one timed call per message, until None."""
+    import traceback
+
+    try:
+        conn.recv()
+        t = clock()
+        run = load()
+        conn.send(("ok", clock() - t, None))
+        while (keep := conn.recv()) is not None:
+            t = clock()
+            out = run()
+            dt = clock() - t
+            conn.send(("ok", dt, out if keep else None))
+    except EOFError:  # the parent is gone
+        pass
+    except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent, then the worker ends
+        try:
+            conn.send(("error", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+        except Exception:  # noqa: BLE001 - the pipe is gone or the error does not pickle
+            pass
+    finally:
+        conn.close()
+
+
+class _Workers:
+    """One forked process per contender, all forked before any of them loads (so none inherits
+    another's threads or models); each loads only when its turn comes."""
+
+    def __init__(self, contenders: list[Contender], clock: Callable[[], float]) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("fork")
+        self.conns, self.procs = {}, []
+        for c in contenders:
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_serve, args=(child, c.load, clock), name=f"bench:{c.name}")
+            p.start()
+            child.close()
+            self.conns[c.name] = parent
+            self.procs.append(p)
+
+    def _ask(self, name: str, msg) -> tuple[float, Any]:
+        conn = self.conns[name]
+        try:
+            conn.send(msg)
+            status, value, extra = conn.recv()
+        except (EOFError, BrokenPipeError, ConnectionResetError):
+            raise ContenderFailed(f"{name}: its worker process died (killed, or out of memory?)") from None
+        if status == "error":
+            from taskrun.tasks.base import TaskError
+
+            if value.startswith("TaskError: "):
+                raise TaskError(value.removeprefix("TaskError: "))
+            raise ContenderFailed(f"{name}: {value}\n{extra}")
+        return value, extra
+
+    def load(self, c: Contender) -> float:
+        return self._ask(c.name, "load")[0]
+
+    def call(self, name: str, keep: bool) -> tuple[float, Any]:
+        return self._ask(name, keep)
+
+    def __enter__(self) -> "_Workers":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for conn in self.conns.values():
+            try:
+                conn.send(None)
+            except OSError:
+                pass
+        for p in self.procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+                p.join()
+        for conn in self.conns.values():
+            conn.close()
+
+
+@contextmanager
+def busy_neighbours(n: int):
+    """``n`` processes spinning on the CPU for the duration: the shared machine, on purpose (a
+    spinning OpenMP pool that wins on a quiet machine can collapse beside one busy process)."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL)
+             for _ in range(n)]
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
 
 
 def host() -> dict:
@@ -120,12 +252,15 @@ def ratios(rows: list[dict], unit: str) -> dict:
 
 
 def report(task: str, model: str, rounds: int, units: float, unit: str, measured: list[Measured],
-           skipped: list[Skipped], trace: list[str], quality: dict | None = None) -> dict:
-    """The JSON result of one bench run."""
+           skipped: list[Skipped], trace: list[str], quality: dict | None = None,
+           isolated: bool = False, busy: int = 0) -> dict:
+    """The JSON result of one bench run. ``isolated``: each contender ran in its own process;
+    ``busy``: that many spinning neighbour processes ran beside it."""
     rows = [m.summary(units, unit) for m in measured]
     for row in rows:
         if quality and row["name"] in quality:
             row["quality"] = quality[row["name"]]
     return {"task": task, "model": model, "rounds": rounds, "unit": unit, "units_per_run": units,
             "contenders": rows, "skipped": [{"name": s.name, "reason": s.reason} for s in skipped],
-            "ratios": ratios(rows, unit), "order": trace, "host": host()}
+            "ratios": ratios(rows, unit), "order": trace, "isolated": isolated,
+            "host": host() | {"busy_neighbours": busy}}

@@ -118,3 +118,90 @@ def test_bench_embed_on_a_tiny_model_against_sentence_transformers(tiny_dir, tmp
     # the same weights: sentence-transformers' vectors match taskrun's
     assert result["contenders"][1]["quality"]["min_cosine_vs_taskrun"] > 0.999
     assert list(result["ratios"]) == ["taskrun / sentence-transformers"]
+
+
+# ------------------------------------------------------------------ a process per contender
+
+
+def _pid_contender(name, role="reference"):
+    def load():
+        import os
+
+        os.environ["TASKRUN_BENCH_LOADED"] = os.environ.get("TASKRUN_BENCH_LOADED", "") + name
+
+        def run():
+            return {"pid": os.getpid(), "loaded_here": os.environ["TASKRUN_BENCH_LOADED"]}
+        return run
+    return Contender(name, load, role)
+
+
+def test_isolated_contenders_each_run_in_a_process_of_their_own(monkeypatch):
+    import os
+
+    monkeypatch.delenv("TASKRUN_BENCH_LOADED", raising=False)
+    cs = [_pid_contender("ours", "taskrun"), _pid_contender("ref")]
+    measured, trace = measure(cs, rounds=2, warmup=1, isolate=True)
+    assert trace == ["load:ours", "cold:ours", "load:ref", "cold:ref", "warmup:ours", "warmup:ref",
+                     "round1:ours", "round1:ref", "round2:ref", "round2:ours"]
+    ours, ref = (m.output for m in measured)
+    assert len({ours["pid"], ref["pid"], os.getpid()}) == 3
+    # what one contender's load did to its process is not seen by the other (nor by this one)
+    assert ours["loaded_here"] == "ours" and ref["loaded_here"] == "ref"
+    assert "TASKRUN_BENCH_LOADED" not in os.environ
+    assert all(len(m.runs_s) == 2 and m.cold_s > 0 for m in measured)
+    # in one process, the second contender sees the first's state: what isolation is for
+    measured, _ = measure([_pid_contender("ours", "taskrun"), _pid_contender("ref")], rounds=1, isolate=False)
+    assert measured[1].output["loaded_here"] == "oursref" and measured[1].output["pid"] == os.getpid()
+
+
+def test_an_isolated_contender_that_fails_gives_its_error_and_leaves_no_process():
+    import multiprocessing
+
+    from taskrun.tasks.base import TaskError
+
+    def refuse():
+        raise TaskError("no model named 'nope': pass --model")
+
+    with pytest.raises(TaskError, match="no model named 'nope': pass --model"):
+        measure([_pid_contender("ours", "taskrun"), Contender("ref", refuse)], rounds=1, isolate=True)
+
+    def crash():
+        def run():
+            raise ValueError("bad shape")
+        return run
+
+    with pytest.raises(bench_core.ContenderFailed, match="ref: ValueError: bad shape"):
+        measure([Contender("ref", crash)], rounds=1, isolate=True)
+    assert not multiprocessing.active_children()
+
+
+def test_bench_result_says_whether_contenders_were_isolated(monkeypatch):
+    monkeypatch.setattr(bench_core, "can_isolate", lambda: False)
+    from taskrun.runner import bench_cmd
+
+    calls = {}
+    real = bench_core.measure
+
+    def spy(*a, **kw):
+        calls["isolate"] = kw.get("isolate")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(bench_core, "measure", spy)
+    monkeypatch.setattr(bench_cmd, "suite_for", lambda *a: bench_suites.Suite(
+        "embed", "m", "sentences", 1, [_pid_contender("taskrun", "taskrun")]))
+    out = bench_cmd.bench("embed", rounds=1)
+    assert out["isolated"] is False and calls["isolate"] is False
+
+
+def test_busy_neighbours_spin_for_the_run_and_are_gone_after(monkeypatch):
+    with bench_core.busy_neighbours(2) as procs:
+        assert len(procs) == 2 and all(p.poll() is None for p in procs)
+    assert all(p.poll() is not None for p in procs)
+    from taskrun.runner import bench_cmd
+
+    monkeypatch.setattr(bench_cmd, "suite_for", lambda *a: bench_suites.Suite(
+        "embed", "m", "sentences", 1, [_pid_contender("taskrun", "taskrun")]))
+    result = CliRunner().invoke(main, ["bench", "embed", "--rounds", "1", "--busy", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output.strip().splitlines()[-1])
+    assert out["host"]["busy_neighbours"] == 1 and out["isolated"] is True
