@@ -44,10 +44,14 @@ def bench(task: str, model: str | None = None, against: tuple[str, ...] = (), ro
     """Build TASK's suite, measure it (cold, one warm-up, ``rounds`` interleaved rounds; each
     contender in a process of its own unless ``isolate`` is false; ``busy`` spinning neighbour
     processes beside it) and return the JSON result (runner/bench_core.py's report, with quality)."""
-    from taskrun.runner.bench_core import busy_neighbours, can_isolate, measure, report
+    from taskrun.runner.bench_core import Skipped, busy_neighbours, can_isolate, measure, report
 
     suite = suite_for(task, model, against, data, quick)
     isolate = isolate and can_isolate()
+    if not isolate:  # what it sets would reach the others, and come too late for itself
+        for c in [c for c in suite.contenders if c.own_process]:
+            suite.contenders.remove(c)
+            suite.skipped.append(Skipped(c.name, "needs a process of its own (leave out --in-process)"))
     with busy_neighbours(busy):
         measured, trace = measure(suite.contenders, rounds, on_run=on_run, isolate=isolate)
     quality = suite.quality({m.name: m.output for m in measured}) if suite.quality else None

@@ -41,6 +41,7 @@ class Contender:
     load: Callable[[], Callable[[], Any]]
     role: str = "reference"  # "taskrun" or "reference"
     note: str = ""  # how it runs (dtype, batch size, decoding), for the report
+    own_process: bool = False  # sets what a library reads once per process: never run in-process
 
 
 @dataclass

@@ -77,7 +77,8 @@ def test_a_reference_that_is_not_installed_is_skipped_with_a_line(monkeypatch, t
     sf.write(wav, np.zeros(16000, np.float32), 16000)
     monkeypatch.setattr(bench_suites, "missing", lambda module: module == "faster_whisper")
     suite = bench_suites.transcribe(None, (), [wav], quick=True)
-    assert [c.name for c in suite.contenders] == ["taskrun", "taskrun --beam-size 5", "taskrun --batch-size 8"]
+    assert [c.name for c in suite.contenders] == ["taskrun", "taskrun --beam-size 5", "taskrun --batch-size 8",
+                                                  "taskrun GOMP_SPINCOUNT=300000"]
     assert {s.name for s in suite.skipped} == {"faster-whisper greedy", "faster-whisper beam 5",
                                                "faster-whisper batched"}
     assert all("pip install faster-whisper" in s.reason for s in suite.skipped)
@@ -205,3 +206,28 @@ def test_busy_neighbours_spin_for_the_run_and_are_gone_after(monkeypatch):
     assert result.exit_code == 0, result.output
     out = json.loads(result.output.strip().splitlines()[-1])
     assert out["host"]["busy_neighbours"] == 1 and out["isolated"] is True
+
+
+def test_a_contender_that_needs_its_own_process_is_skipped_in_process(monkeypatch):
+    from taskrun.runner import bench_cmd
+
+    spin = Contender("taskrun spinning", bench_suites.with_env({"TASKRUN_BENCH_X": "1"}, _pid_contender("x").load),
+                     "taskrun", own_process=True)
+    monkeypatch.delenv("TASKRUN_BENCH_X", raising=False)
+    monkeypatch.setattr(bench_cmd, "suite_for", lambda *a: bench_suites.Suite(
+        "embed", "m", "sentences", 1, [_pid_contender("taskrun", "taskrun"), spin]))
+    out = bench_cmd.bench("embed", rounds=1, isolate=False)
+    assert [c["name"] for c in out["contenders"]] == ["taskrun"]
+    assert out["skipped"] == [{"name": "taskrun spinning",
+                               "reason": "needs a process of its own (leave out --in-process)"}]
+    out = bench_cmd.bench("embed", rounds=1, isolate=True)
+    assert [c["name"] for c in out["contenders"]] == ["taskrun", "taskrun spinning"]
+    import os
+
+    assert "TASKRUN_BENCH_X" not in os.environ  # set in the contender's process only
+
+
+def test_the_transcribe_suite_has_a_spinning_taskrun_in_its_own_process():
+    suite = bench_suites.transcribe(None, (), [], False)
+    spin = [c for c in suite.contenders if c.own_process]
+    assert [c.name for c in spin] == ["taskrun GOMP_SPINCOUNT=300000"] and spin[0].role == "taskrun"
