@@ -63,11 +63,14 @@ test: install
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not real"
 
-# Side-by-side against the plain libraries, same process, interleaved; results in benchmarks/results/.
+# Side-by-side against the plain libraries, a process per contender, interleaved, quiet and beside
+# one busy process (--busy 1); results in benchmarks/results/.
 # Run on a quiet machine: read the ratios, not the absolute numbers.
 bench: install
 	for t in transcribe embed classify generate image; do \
 		HF_HUB_OFFLINE=1 $(BIN)/run bench $$t -o benchmarks/results/bench-$$t.json || exit 1; done
+	for t in transcribe classify generate image; do \
+		HF_HUB_OFFLINE=1 $(BIN)/run bench $$t --busy 1 -o benchmarks/results/bench-$$t-busy.json || exit 1; done
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/bench_embed.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/bench_vision.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/bench_image.py
