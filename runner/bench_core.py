@@ -7,14 +7,15 @@ reference is always measured in the same run as taskrun, and only same-run ratio
 "Cold" is the first call after loading (load time is reported apart); "warm" is the median of the
 timed rounds after one untimed warm-up call.
 
-Isolated by default (``measure(..., isolate=True)``): each contender loads and runs in a process
-of its own, forked before anything loads, as a user's program would run it. In one process the
-libraries disturb each other: a second CTranslate2 model that had run on two threads made
-faster-whisper's own decoding ~2x slower for the rest of the process (README, "Transcribe"), so
-one process measured faster-whisper greedy at 0.83x of a standalone run. The parent only hands
-out turns, in the same interleaved order, and each worker times its own call, so the pipe's cost
-is not in the numbers. Where fork is not available, everything runs in this process, and the
-result says so ("isolated": false).
+Isolated (``measure(..., isolate=True)``, what `run bench` does): each contender loads and runs
+in a fresh process of its own, as a user's program would run it. In one process the libraries
+disturb each other: a second CTranslate2 model that had run on two threads made faster-whisper's
+own decoding ~2x slower for the rest of the process (README, "Transcribe"), and every reference ran
+under taskrun's passive OpenMP waits instead of its own defaults. The parent only hands out turns,
+in the same interleaved order, and each worker times its own call, so the pipe's cost is not in
+the numbers. The workers are spawned, not forked: a fork of a process whose OpenMP pool has run
+(a test process, a notebook) dies in its first parallel region. A contender's ``load`` closure
+travels to its worker with cloudpickle.
 
 Torch-free: what a contender runs is its own business (runner/bench_suites.py builds them).
 """
@@ -85,7 +86,7 @@ def measure(contenders: list[Contender], rounds: int, warmup: int = 1,
     """Load each contender and time its first (cold) call, then ``warmup`` untimed calls, then
     ``rounds`` interleaved timed rounds. Returns the measurements and the order things ran in
     ("load:NAME", "cold:NAME", "warmup:NAME", "round1:NAME", ...), which the JSON keeps.
-    ``isolate``: each contender in a forked process of its own (see the module's note)."""
+    ``isolate``: each contender in a process of its own (see the module's note)."""
     if isolate and can_isolate():
         with _Workers(contenders, clock) as workers:
             return _measure(contenders, rounds, warmup, workers.load, workers.call, on_run)
@@ -129,21 +130,24 @@ def _measure(contenders, rounds, warmup, load, call, on_run):
 
 
 def can_isolate() -> bool:
-    import multiprocessing
+    import importlib.util
 
-    return "fork" in multiprocessing.get_all_start_methods()
+    return importlib.util.find_spec("cloudpickle") is not None
 
 
 class ContenderFailed(RuntimeError):
     """A contender's load or run raised in its worker process; the message is the worker's."""
 
 
-def _serve(conn, load: Callable[[], Callable[[], Any]], clock: Callable[[], float]) -> None:
+def _serve(conn, payload: bytes, clock: Callable[[], float]) -> None:
     """A worker: load on the first message, then one timed call per message, until None."""
     import traceback
 
     try:
         conn.recv()
+        import cloudpickle
+
+        load = cloudpickle.loads(payload)
         t = clock()
         run = load()
         conn.send(("ok", clock() - t, None))
@@ -164,17 +168,19 @@ def _serve(conn, load: Callable[[], Callable[[], Any]], clock: Callable[[], floa
 
 
 class _Workers:
-    """One forked process per contender, all forked before any of them loads (so none inherits
-    another's threads or models); each loads only when its turn comes."""
+    """One fresh (spawned) process per contender, all started before any of them loads; each
+    loads only when its turn comes."""
 
     def __init__(self, contenders: list[Contender], clock: Callable[[], float]) -> None:
         import multiprocessing
 
-        ctx = multiprocessing.get_context("fork")
+        import cloudpickle
+
+        ctx = multiprocessing.get_context("spawn")
         self.conns, self.procs = {}, []
         for c in contenders:
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=_serve, args=(child, c.load, clock), name=f"bench:{c.name}")
+            p = ctx.Process(target=_serve, args=(child, cloudpickle.dumps(c.load), clock), name=f"bench:{c.name}")
             p.start()
             child.close()
             self.conns[c.name] = parent

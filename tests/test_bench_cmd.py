@@ -231,3 +231,19 @@ def test_the_transcribe_suite_has_a_spinning_taskrun_in_its_own_process():
     suite = bench_suites.transcribe(None, (), [], False)
     spin = [c for c in suite.contenders if c.own_process]
     assert [c.name for c in spin] == ["taskrun GOMP_SPINCOUNT=300000"] and spin[0].role == "taskrun"
+
+
+def _torch_matmul():
+    import torch
+
+    a = torch.ones(256, 256)
+    return lambda: float((a @ a)[0, 0])
+
+
+def test_isolation_works_after_this_process_ran_torchs_thread_pool():
+    """A forked worker died here (libgomp's pool does not survive a fork); spawned ones do not."""
+    import torch
+
+    torch.ones(512, 512) @ torch.ones(512, 512)  # this process's OpenMP pool has run
+    measured, _ = measure([Contender("ref", _torch_matmul)], rounds=1, isolate=True)
+    assert measured[0].output == 256.0
