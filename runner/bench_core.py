@@ -159,8 +159,11 @@ def _serve(conn, payload: bytes, clock: Callable[[], float]) -> None:
     except EOFError:  # the parent is gone
         pass
     except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent, then the worker ends
+        from taskrun.tasks.base import TaskError
+
+        said = str(exc) if isinstance(exc, TaskError) else f"{type(exc).__name__}: {exc}"
         try:
-            conn.send(("error", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+            conn.send(("task-error" if isinstance(exc, TaskError) else "error", said, traceback.format_exc()))
         except Exception:  # noqa: BLE001 - the pipe is gone or the error does not pickle
             pass
     finally:
@@ -193,12 +196,13 @@ class _Workers:
             status, value, extra = conn.recv()
         except (EOFError, BrokenPipeError, ConnectionResetError):
             raise ContenderFailed(f"{name}: its worker process died (killed, or out of memory?)") from None
-        if status == "error":
+        if status == "task-error":  # the user's to fix (a model that does not resolve, say): as is
             from taskrun.tasks.base import TaskError
 
-            if value.startswith("TaskError: "):
-                raise TaskError(value.removeprefix("TaskError: "))
-            raise ContenderFailed(f"{name}: {value}\n{extra}")
+            raise TaskError(value)
+        if status == "error":  # one line; the worker's traceback with TASKRUN_DEBUG=1
+            detail = f"\n{extra}" if os.environ.get("TASKRUN_DEBUG", "") not in ("", "0") else ""
+            raise ContenderFailed(f"{name}: {value}{detail}")
         return value, extra
 
     def load(self, c: Contender) -> float:

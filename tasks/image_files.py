@@ -58,6 +58,11 @@ def _open(p: Path) -> Any:
             raise TaskError(f"{p} is not an image that can be read (PNG, JPEG, GIF, BMP, TIFF, WebP)") from None
         except OSError as exc:
             raise TaskError(f"{p}: cannot open it as an image ({exc})") from None
+        except (ValueError, TypeError, EOFError, SyntaxError) as exc:
+            # a header PIL recognises but cannot make sense of: a TIFF whose width is not a whole
+            # number raises ValueError("Invalid dimensions") from Image.open itself (found by
+            # tests/test_fuzz.py)
+            raise TaskError(f"{p}: cannot open it as an image, its header is damaged ({exc})") from None
         finally:
             Image.MAX_IMAGE_PIXELS = old
 

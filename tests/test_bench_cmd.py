@@ -171,8 +171,18 @@ def test_an_isolated_contender_that_fails_gives_its_error_and_leaves_no_process(
             raise ValueError("bad shape")
         return run
 
-    with pytest.raises(bench_core.ContenderFailed, match="ref: ValueError: bad shape"):
+    with pytest.raises(bench_core.ContenderFailed, match="ref: ValueError: bad shape") as err:
         measure([Contender("ref", crash)], rounds=1, isolate=True)
+    assert "\n" not in str(err.value)  # one line; the worker's traceback only with TASKRUN_DEBUG=1
+
+    class CacheFull(TaskError):  # a TaskError of another kind is still the user's to fix
+        pass
+
+    def full():
+        raise CacheFull("the cache is full: free space or set TASKRUN_CACHE_DIR")
+
+    with pytest.raises(TaskError, match="^the cache is full: free space or set TASKRUN_CACHE_DIR$"):
+        measure([Contender("ref", full)], rounds=1, isolate=True)
     assert not multiprocessing.active_children()
 
 

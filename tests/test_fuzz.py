@@ -295,3 +295,28 @@ def test_a_wav_with_format_code_zero_is_a_user_error():
     body = (b"WAVEfmt " + struct.pack("<IHHIIHH", 16, 0, 1, 16000, 32000, 2, 16)
             + b"data" + struct.pack("<I", len(pcm)) + pcm)
     _user_error_only(_decode_audio, _file(b"RIFF" + struct.pack("<I", len(body)) + body, ".wav"))
+
+
+# Found by the property above in CI: a TIFF whose width is stored as a BYTE, which PIL's Image.open
+# itself refuses with ValueError("Invalid dimensions") instead of an OSError.
+TIFF_BYTE_WIDTH = (
+    b'II*\x00\x08\x00\x00\x00\n\x00\x00\x01\x01\x00\x01\x00\x00\x00'
+    b'%\x00\x00\x00\x01\x01\x04\x00\x01\x00\x00\x00\x17\x00\x00\x00\x02\x01'
+    b'\x03\x00\x03\x00\x00\x00\x86\x00\x00\x00\x03\x01\x03\x00\x01\x00\x00\x00'
+    b'\x01\x00\x00\x00\x06\x01\x03\x00\x01\x00\x00\x00\x02\x00\x00\x00\x11\x01'
+    b'\x04\x00\x01\x00\x00\x00\x8c\x00\x00\x00\x15\x01\x03\x00\x01\x00\x00\x00'
+    b'\x03\x00\x00\x00\x16\x01\x04\x00\x01\x00\x00\x00\x17\x00\x00\x00\x17\x01'
+    b'\x04\x00\x01\x00\x00\x00\xf9\t\x00\x00\x1c\x01\x03\x00\x01\x00\x00\x00'
+    b'\x01\x00\x00\x00\x00\x00\x00\x00\x08\x00\x08\x00\x08\x00'
+)
+
+
+def test_a_tiff_with_a_width_pil_cannot_read_is_a_user_error():
+    from taskrun.tasks.image_files import probe_image
+
+    path = _file(TIFF_BYTE_WIDTH, ".tif")
+    try:
+        with pytest.raises(TaskError, match="cannot open it as an image, its header is damaged"):
+            probe_image(path)
+    finally:
+        path.unlink()
