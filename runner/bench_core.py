@@ -181,13 +181,18 @@ class _Workers:
 
         ctx = multiprocessing.get_context("spawn")
         self.conns, self.procs = {}, []
-        for c in contenders:
-            parent, child = ctx.Pipe()
-            p = ctx.Process(target=_serve, args=(child, cloudpickle.dumps(c.load), clock), name=f"bench:{c.name}")
-            p.start()
-            child.close()
-            self.conns[c.name] = parent
-            self.procs.append(p)
+        try:
+            for c in contenders:
+                parent, child = ctx.Pipe()
+                self.conns[c.name] = parent
+                p = ctx.Process(target=_serve, args=(child, cloudpickle.dumps(c.load), clock),
+                                name=f"bench:{c.name}")
+                p.start()
+                child.close()
+                self.procs.append(p)
+        except BaseException:  # a loader that does not pickle, a process that cannot start
+            self.__exit__()
+            raise
 
     def _ask(self, name: str, msg) -> tuple[float, Any]:
         conn = self.conns[name]

@@ -257,3 +257,14 @@ def test_isolation_works_after_this_process_ran_torchs_thread_pool():
     torch.ones(512, 512) @ torch.ones(512, 512)  # this process's OpenMP pool has run
     measured, _ = measure([Contender("ref", _torch_matmul)], rounds=1, isolate=True)
     assert measured[0].output == 256.0
+
+
+def test_a_loader_that_cannot_travel_leaves_no_worker_behind():
+    import multiprocessing
+    import threading
+
+    lock = threading.Lock()  # cloudpickle cannot send a lock to another process
+    with pytest.raises(TypeError):
+        measure([_pid_contender("ours", "taskrun"), Contender("ref", lambda: (lock, lambda: 1)[1])],
+                rounds=1, isolate=True)
+    assert not multiprocessing.active_children()
