@@ -230,11 +230,10 @@ def partial_steps(run: ChainRun) -> str | None:
     """The one-line error for steps whose results are partial (a recording cut short, transcribed
     as far as it goes) and were not accepted with --allow-partial; None when there are none. As a
     task command does, the chain still ran on them and wrote its artifacts: the exit status says it."""
-    cut = [(i, r) for i, r in enumerate(run.records, 1)
-           if r.incomplete and not getattr(r.options, "allow_partial", False)]
+    cut = [(i, r) for i, r in enumerate(run.records, 1) if r.partial_not_accepted]
     if not cut:
         return None
-    steps = "; ".join(f"step {i} ({r.task}) gave {r.incomplete} partial result(s)" for i, r in cut)
+    steps = "; ".join(f"step {i} ({r.task}) gave {r.partial_not_accepted} partial result(s)" for i, r in cut)
     return f"chain {run.chain.name}: {steps} (see the warnings above); pass --allow-partial to accept them"
 
 

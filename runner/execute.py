@@ -75,7 +75,7 @@ def execute(task: Task, *, inputs, files, values, model, runtime, device, dtype,
         total = sum(r.n_inputs for r in run.records)
         raise click.ClickException(f"{failed} of {total} inputs failed (see the errors above); "
                                    f"the others finished")
-    cut = [r for r in run.records if r.incomplete and not getattr(r.options, "allow_partial", False)]
+    cut = sum(r.partial_not_accepted for r in run.records)
     if cut:  # a result made of what could be read (a recording cut short): shown, logged partial
-        raise click.ClickException(f"{sum(r.incomplete for r in cut)} result(s) are partial (see the "
+        raise click.ClickException(f"{cut} result(s) are partial (see the "
                                    f"warnings above); pass --allow-partial to accept them")

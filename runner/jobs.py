@@ -55,6 +55,11 @@ class JobRecord:
     def results(self) -> list[Any]:
         return [it.result for it in sorted(self.items, key=lambda i: i.index)]
 
+    @property
+    def partial_not_accepted(self) -> int:
+        """Partial results the user did not accept with --allow-partial: the command exits 1."""
+        return 0 if getattr(self.options, "allow_partial", False) else self.incomplete
+
     def common_metrics(self) -> dict:
         return {"load_s": round(self.load_s, 4), "wall_s": round(self.wall_s, 4),
                 "peak_rss_mb": round(self.peak_rss_mb, 1)}
