@@ -20,6 +20,8 @@ import click
 
 from taskrun.tasks.base import TaskError
 
+DEFAULT_TIMEOUT_S = 1800.0  # per load or call: generous for a long file, but never forever
+
 SUITES = {
     "transcribe": "taskrun.runner.bench_suites:transcribe",
     "embed": "taskrun.runner.bench_suites:embed",
@@ -40,10 +42,12 @@ def suite_for(task: str, model, against, data, quick):
 
 def bench(task: str, model: str | None = None, against: tuple[str, ...] = (), rounds: int = 3,
           data: tuple[str, ...] = (), quick: bool = False, on_run=None, isolate: bool = True,
-          busy: int = 0) -> dict:
+          busy: int = 0, timeout: float | None = DEFAULT_TIMEOUT_S) -> dict:
     """Build TASK's suite, measure it (cold, one warm-up, ``rounds`` interleaved rounds; each
     contender in a process of its own unless ``isolate`` is false; ``busy`` spinning neighbour
-    processes beside it) and return the JSON result (runner/bench_core.py's report, with quality)."""
+    processes beside it) and return the JSON result (runner/bench_core.py's report, with quality).
+    A contender that fails, or whose load or call takes longer than ``timeout`` seconds, drops out
+    and is listed under ``failed``; the others are still measured."""
     from taskrun.runner.bench_core import Skipped, busy_neighbours, can_isolate, measure, report
 
     suite = suite_for(task, model, against, data, quick)
@@ -53,8 +57,10 @@ def bench(task: str, model: str | None = None, against: tuple[str, ...] = (), ro
             suite.contenders.remove(c)
             suite.skipped.append(Skipped(c.name, "needs a process of its own (leave out --in-process)"))
     with busy_neighbours(busy):
-        measured, trace = measure(suite.contenders, rounds, on_run=on_run, isolate=isolate)
-    quality = suite.quality({m.name: m.output for m in measured}) if suite.quality else None
+        measured, trace = measure(suite.contenders, rounds, on_run=on_run, isolate=isolate, timeout=timeout,
+                                  keep_going=True)
+    ran = {m.name: m.output for m in measured if not m.failed}
+    quality = suite.quality(ran) if suite.quality and ran else None
     return report(suite.task, suite.model, rounds, suite.units, suite.unit, measured, suite.skipped, trace, quality,
                   isolated=isolate, busy=busy)
 
@@ -74,6 +80,8 @@ def table(result: dict) -> str:
                      f"{r['warm']['spread']:>8.1%}{r[unit + '_per_s'] or 0:>13.2f}  {q or r['note']}")
     for s in result["skipped"]:
         lines.append(f"skipped: {s['name']}: {s['reason']}")
+    for f in result.get("failed", []):
+        lines.append(f"failed: {f['reason']}")
     for k, v in result["ratios"].items():
         lines.append(f"ratio {k}: {v}x")
     return "\n".join(lines)
@@ -96,25 +104,32 @@ def table(result: dict) -> str:
 @click.option("--busy", default=0, show_default=True, type=click.IntRange(min=0), metavar="N",
               help="Run N processes spinning on the CPU beside the benchmark: how each contender fares on "
                    "a shared machine.")
+@click.option("--timeout", default=DEFAULT_TIMEOUT_S, show_default=True, type=click.FloatRange(min=0), metavar="S",
+              help="The most seconds a contender's load or one run may take before its process is stopped "
+                   "and it is reported as failed (0: no limit; not enforced with --in-process).")
 @click.option("--json", "json_mode", is_flag=True, help="Print the result as one JSON object.")
 @click.option("--output", "-o", type=click.Path(dir_okay=False), help="Also write the JSON result here.")
-def bench_cmd(task, against, model, rounds, data, quick, in_process, busy, json_mode, output):
+def bench_cmd(task, against, model, rounds, data, quick, in_process, busy, timeout, json_mode, output):
     """Measure TASK in taskrun and in the reference engines, side by side.
 
     Each contender runs in a process of its own: it loads and runs once (cold), once more untimed
     (warm-up), then --rounds timed rounds, the contenders taking turns in alternating order; the
     table gives medians, their spread ((max-min)/median) and taskrun's throughput over each
-    reference's.
+    reference's. A contender that fails or passes --timeout drops out, the others finish, and the
+    command exits with status 1.
     """
     def progress(name, r, dt):
         if not json_mode:
             click.echo(f"  round {r}: {name} {dt:.3f} s", err=True)
 
     result = bench(task, model, against, rounds, data, quick, on_run=progress, isolate=not in_process,
-                   busy=busy)
+                   busy=busy, timeout=timeout or None)
     if output:
         from taskrun.tasks.base import atomic_write
 
         atomic_write(Path(output), (json.dumps(result, indent=1) + "\n").encode())
     click.echo(json.dumps(result) if json_mode else table(result))
     sys.stdout.flush()
+    if result["failed"]:
+        names = ", ".join(f["name"] for f in result["failed"])
+        raise click.ClickException(f"{len(result['failed'])} contender(s) failed: {names} (their reasons are above)")

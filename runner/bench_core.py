@@ -17,6 +17,11 @@ the numbers. The workers are spawned, not forked: a fork of a process whose Open
 (a test process, a notebook) dies in its first parallel region. A contender's ``load`` closure
 travels to its worker with cloudpickle.
 
+A contender that fails (its worker raises, dies, or does not answer within ``timeout`` seconds and
+is killed) stops the measurement, or with ``keep_going`` is dropped from the rounds and reported
+as failed while the others finish: a hung reference must not hold the whole comparison. A
+``TaskError`` (a model that does not resolve, say) always stops it: it is the user's to fix.
+
 Torch-free: what a contender runs is its own business (runner/bench_suites.py builds them).
 """
 
@@ -62,6 +67,7 @@ class Measured:
     cold_s: float = 0.0
     runs_s: list[float] = field(default_factory=list)
     output: Any = None
+    failed: str = ""  # why it dropped out (with keep_going): its error, or the timeout
 
     def summary(self, units: float, unit: str) -> dict:
         med = statistics.median(self.runs_s) if self.runs_s else self.cold_s
@@ -82,14 +88,18 @@ def order_of(names: list[str], rounds: int) -> list[list[str]]:
 def measure(contenders: list[Contender], rounds: int, warmup: int = 1,
             clock: Callable[[], float] = time.perf_counter,
             on_run: Callable[[str, int, float], None] | None = None,
-            isolate: bool = False) -> tuple[list[Measured], list[str]]:
+            isolate: bool = False, timeout: float | None = None,
+            keep_going: bool = False) -> tuple[list[Measured], list[str]]:
     """Load each contender and time its first (cold) call, then ``warmup`` untimed calls, then
     ``rounds`` interleaved timed rounds. Returns the measurements and the order things ran in
     ("load:NAME", "cold:NAME", "warmup:NAME", "round1:NAME", ...), which the JSON keeps.
-    ``isolate``: each contender in a process of its own (see the module's note)."""
+    ``isolate``: each contender in a process of its own (see the module's note); ``timeout``: the
+    most seconds its load or any one call may take there before its worker is killed (None: no
+    limit; a contender in this process cannot be stopped, so in-process there is none).
+    ``keep_going``: a contender that fails is dropped, marked ``failed``, and the rest go on."""
     if isolate and can_isolate():
-        with _Workers(contenders, clock) as workers:
-            return _measure(contenders, rounds, warmup, workers.load, workers.call, on_run)
+        with _Workers(contenders, clock, timeout) as workers:
+            return _measure(contenders, rounds, warmup, workers.load, workers.call, on_run, keep_going)
     runs: dict[str, Callable[[], Any]] = {}
 
     def load(c: Contender) -> float:
@@ -102,30 +112,49 @@ def measure(contenders: list[Contender], rounds: int, warmup: int = 1,
         out = runs[name]()
         return clock() - t, out
 
-    return _measure(contenders, rounds, warmup, load, call, on_run)
+    return _measure(contenders, rounds, warmup, load, call, on_run, keep_going)
 
 
-def _measure(contenders, rounds, warmup, load, call, on_run):
-    done: dict[str, Measured] = {}
+def _measure(contenders, rounds, warmup, load, call, on_run, keep_going=False):
+    done = {c.name: Measured(c.name, c.role, c.note) for c in contenders}
     trace: list[str] = []
-    for c in contenders:  # cold: load, then the first call
-        m = Measured(c.name, c.role, c.note, load_s=load(c))
+
+    def step(name: str, what: str, action: Callable[[], None]) -> None:
+        """Run one step of a contender still in the race; with keep_going a failure drops it."""
+        m = done[name]
+        if m.failed:
+            return
+        try:
+            action()
+        except ContenderFailed as exc:
+            if not keep_going:
+                raise
+            m.failed = str(exc)
+            trace.append(f"failed:{name}")
+            return
+        trace.append(f"{what}:{name}")
+
+    def cold(c: Contender) -> None:
+        m = done[c.name]
+        m.load_s = load(c)
         trace.append(f"load:{c.name}")
         m.cold_s, m.output = call(c.name, True)
-        trace.append(f"cold:{c.name}")
-        done[c.name] = m
+
+    def timed(name: str, r: int) -> None:
+        dt, out = call(name, True)
+        done[name].output = out
+        done[name].runs_s.append(dt)
+        if on_run:
+            on_run(name, r, dt)
+
+    for c in contenders:  # cold: load, then the first call
+        step(c.name, "cold", lambda c=c: cold(c))
     for _ in range(warmup):
         for c in contenders:
-            call(c.name, False)
-            trace.append(f"warmup:{c.name}")
+            step(c.name, "warmup", lambda c=c: call(c.name, False))
     for r, names in enumerate(order_of([c.name for c in contenders], rounds)):
         for name in names:
-            dt, out = call(name, True)
-            done[name].output = out
-            done[name].runs_s.append(dt)
-            trace.append(f"round{r + 1}:{name}")
-            if on_run:
-                on_run(name, r + 1, dt)
+            step(name, f"round{r + 1}", lambda name=name, r=r: timed(name, r + 1))
     return [done[c.name] for c in contenders], trace
 
 
@@ -174,13 +203,14 @@ class _Workers:
     """One fresh (spawned) process per contender, all started before any of them loads; each
     loads only when its turn comes."""
 
-    def __init__(self, contenders: list[Contender], clock: Callable[[], float]) -> None:
+    def __init__(self, contenders: list[Contender], clock: Callable[[], float],
+                 timeout: float | None = None) -> None:
         import multiprocessing
 
         import cloudpickle
 
         ctx = multiprocessing.get_context("spawn")
-        self.conns, self.procs = {}, []
+        self.conns, self.procs, self.by_name, self.timeout = {}, [], {}, timeout
         try:
             for c in contenders:
                 parent, child = ctx.Pipe()
@@ -190,6 +220,7 @@ class _Workers:
                 p.start()
                 child.close()
                 self.procs.append(p)
+                self.by_name[c.name] = p
         except BaseException:  # a loader that does not pickle, a process that cannot start
             self.__exit__()
             raise
@@ -198,6 +229,11 @@ class _Workers:
         conn = self.conns[name]
         try:
             conn.send(msg)
+            if self.timeout is not None and not conn.poll(self.timeout):
+                self._kill(name)
+                what = "load" if msg == "load" else "run"
+                raise ContenderFailed(f"{name}: its {what} gave no answer in {self.timeout:g} s and its worker "
+                                      f"was stopped (--timeout raises the limit)")
             status, value, extra = conn.recv()
         except (EOFError, BrokenPipeError, ConnectionResetError):
             raise ContenderFailed(f"{name}: its worker process died (killed, or out of memory?)") from None
@@ -215,6 +251,11 @@ class _Workers:
 
     def call(self, name: str, keep: bool) -> tuple[float, Any]:
         return self._ask(name, keep)
+
+    def _kill(self, name: str) -> None:
+        p = self.by_name[name]
+        p.kill()
+        p.join()
 
     def __enter__(self) -> "_Workers":
         return self
@@ -271,12 +312,14 @@ def report(task: str, model: str, rounds: int, units: float, unit: str, measured
            skipped: list[Skipped], trace: list[str], quality: dict | None = None,
            isolated: bool = False, busy: int = 0) -> dict:
     """The JSON result of one bench run. ``isolated``: each contender ran in its own process;
-    ``busy``: that many spinning neighbour processes ran beside it."""
-    rows = [m.summary(units, unit) for m in measured]
+    ``busy``: that many spinning neighbour processes ran beside it. A contender that failed is
+    listed under ``failed`` with its reason, not among the measured ones."""
+    rows = [m.summary(units, unit) for m in measured if not m.failed]
     for row in rows:
         if quality and row["name"] in quality:
             row["quality"] = quality[row["name"]]
     return {"task": task, "model": model, "rounds": rounds, "unit": unit, "units_per_run": units,
             "contenders": rows, "skipped": [{"name": s.name, "reason": s.reason} for s in skipped],
+            "failed": [{"name": m.name, "role": m.role, "reason": m.failed} for m in measured if m.failed],
             "ratios": ratios(rows, unit), "order": trace, "isolated": isolated,
             "host": host() | {"busy_neighbours": busy}}

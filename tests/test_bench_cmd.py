@@ -268,3 +268,70 @@ def test_a_loader_that_cannot_travel_leaves_no_worker_behind():
         measure([_pid_contender("ours", "taskrun"), Contender("ref", lambda: (lock, lambda: 1)[1])],
                 rounds=1, isolate=True)
     assert not multiprocessing.active_children()
+
+
+def _hang_contender(name, where):
+    """A contender whose load or (second) run never ends, as a stuck reference's would."""
+    def load():
+        import time
+
+        if where == "load":
+            time.sleep(3600)
+        calls = []
+
+        def run():
+            calls.append(1)
+            if where == "run" and len(calls) > 1:  # the cold call answers; the warm-up hangs
+                time.sleep(3600)
+            return len(calls)
+        return run
+    return Contender(name, load)
+
+
+def test_a_contender_past_the_timeout_is_stopped_and_the_others_finish():
+    import multiprocessing
+    import time
+
+    cs = [_pid_contender("ours", "taskrun"), _hang_contender("stuck run", "run"),
+          _hang_contender("stuck load", "load")]
+    t = time.monotonic()
+    measured, trace = measure(cs, rounds=2, isolate=True, timeout=3, keep_going=True)
+    assert time.monotonic() - t < 60  # not an hour
+    ours, run, load = measured
+    assert not ours.failed and len(ours.runs_s) == 2
+    assert run.failed == "stuck run: its run gave no answer in 3 s and its worker was stopped (--timeout raises the limit)"
+    assert load.failed.startswith("stuck load: its load gave no answer in 3 s") and not load.runs_s
+    assert trace.count("failed:stuck run") == 1 and "round1:stuck run" not in trace
+    assert "cold:stuck run" in trace and "round2:ours" in trace
+    assert not multiprocessing.active_children()
+    out = report("embed", "m", 2, 10, "sentences", measured, [], trace)
+    assert [c["name"] for c in out["contenders"]] == ["ours"]
+    assert [f["name"] for f in out["failed"]] == ["stuck run", "stuck load"] and out["ratios"] == {}
+    # without keep_going the first failure stops the measurement, and no worker is left behind
+    with pytest.raises(bench_core.ContenderFailed, match="stuck load: its load gave no answer in 1 s"):
+        measure([_hang_contender("stuck load", "load"), _pid_contender("ours", "taskrun")], rounds=1,
+                isolate=True, timeout=1)
+    assert not multiprocessing.active_children()
+
+
+def _crash_contender(name):
+    def load():
+        def run():
+            raise ValueError("bad shape")
+        return run
+    return Contender(name, load)
+
+
+def test_run_bench_reports_a_failed_reference_measures_the_rest_and_exits_non_zero(monkeypatch):
+    from taskrun.runner import bench_cmd
+
+    monkeypatch.setattr(bench_cmd, "suite_for", lambda *a: bench_suites.Suite(
+        "embed", "m", "sentences", 1, [_pid_contender("taskrun", "taskrun"), _crash_contender("ref")]))
+    result = CliRunner().invoke(main, ["bench", "embed", "--rounds", "1", "--json"])
+    assert result.exit_code == 1
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert [c["name"] for c in out["contenders"]] == ["taskrun"]
+    assert out["failed"] == [{"name": "ref", "role": "reference", "reason": "ref: ValueError: bad shape"}]
+    assert "1 contender(s) failed: ref" in result.stderr
+    result = CliRunner().invoke(main, ["bench", "embed", "--rounds", "1"])
+    assert result.exit_code == 1 and "failed: ref: ValueError: bad shape" in result.stdout
