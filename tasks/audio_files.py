@@ -144,11 +144,45 @@ def _read_error(p: Path, exc: Exception) -> TaskError:
     if rate == 0:
         return TaskError(f"{p} declares a sample rate of 0 Hz; the header is broken. Re-export the file "
                          f"(e.g. `sox -r 16000 -e signed -b 16 -c 1 -t raw <data> out.wav` if you know the rate)")
+    boxes = _mp4_boxes(p) if head[4:8] == b"ftyp" else None
+    if boxes is not None and "mdat" in boxes and "moov" not in boxes:
+        return TaskError(f"{p} is an unfinished recording: its audio is there, but the index that says where "
+                         f"(the MP4 'moov' box, written when a recording stops) is missing, as when a phone or "
+                         f"app is interrupted mid-recording. No decoder can read it as it is; a repair tool "
+                         f"such as untrunc rebuilds the index from a complete recording made the same way "
+                         f"(same app and settings)")
     if sniff_bytes(head) == "audio":
         return TaskError(f"{p} looks like audio but cannot be decoded ({msg}); the file is corrupt or "
                          f"truncated, or its codec is unsupported: re-export it as wav, flac or m4a")
     return TaskError(f"{p} is not an audio file taskrun can read ({msg}); give wav, flac, ogg, mp3, "
                      f"m4a, opus, webm or a video with sound")
+
+
+def _mp4_boxes(p: Path, most: int = 64) -> list[str] | None:
+    """The top-level box types of an MP4/M4A file, walked by their headers without reading the
+    payloads; None when the headers do not add up (not an MP4, or damaged). A box cut off by the
+    end of the file is still listed: a recording interrupted mid-write ends inside its 'mdat'."""
+    import struct
+
+    names: list[str] = []
+    size_of_file = p.stat().st_size
+    with open(p, "rb") as f:
+        at = 0
+        while at + 8 <= size_of_file and len(names) < most:
+            f.seek(at)
+            size, kind = struct.unpack(">I4s", f.read(8))
+            if size == 1:  # a 64-bit size follows the type
+                wide = f.read(8)
+                if len(wide) < 8:
+                    return None
+                size = struct.unpack(">Q", wide)[0]
+            elif size == 0:  # the box runs to the end of the file
+                size = size_of_file - at
+            if size < 8 or not kind.isascii() or not kind.decode("ascii").isprintable():
+                return None
+            names.append(kind.decode("ascii"))
+            at += size
+    return names
 
 
 def _head(p: Path) -> bytes:

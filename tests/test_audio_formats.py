@@ -33,11 +33,11 @@ FORMATS = {
 
 
 def encode(x: np.ndarray, sr: int, path: Path, fmt: str, codec: str | None, rate: int | None = None,
-           video: str | None = None) -> Path:
+           video: str | None = None, options: dict | None = None) -> Path:
     """Mono float samples → a file in ``fmt`` with PyAV (FFmpeg's encoders in its wheel)."""
     import av
 
-    with av.open(str(path), "w", format=fmt) as out:
+    with av.open(str(path), "w", format=fmt, options=options or {}) as out:
         v = out.add_stream(video, rate=5) if video else None
         if v is not None:
             v.width, v.height, v.pix_fmt = 64, 48, "yuv420p"
@@ -113,6 +113,37 @@ def test_a_damaged_m4a_says_it_cannot_be_decoded(tmp_path, tiny_dir):
     bad.write_bytes(good[:40] + bytes(len(good) - 40))  # the header survives, the boxes do not
     r = CliRunner().invoke(main, ["transcribe", str(bad), "--model", str(build_ct2(tiny_dir)), "-q"])
     assert r.exit_code != 0 and "bad.m4a" in r.output and "cannot be decoded" in r.output
+
+
+def test_an_m4a_cut_off_mid_recording_is_transcribed_as_far_as_it_goes(tmp_path, tiny_dir):
+    """Index first ('faststart', as many phones write it), then the file ends half-way: the
+    first half is audio all the same. It is transcribed, the job says it is partial and exits
+    non-zero unless --allow-partial accepts it."""
+    whole = encode(tone(20.0), SR, tmp_path / "whole.m4a", "ipod", "aac", options={"movflags": "faststart"})
+    data = whole.read_bytes()
+    assert data.find(b"moov") < data.find(b"mdat")
+    cut = tmp_path / "cut.m4a"
+    cut.write_bytes(data[: len(data) // 2])
+    model = str(build_ct2(tiny_dir))
+    r = CliRunner().invoke(main, ["transcribe", str(cut), "--model", model, "--json", "-q"])
+    assert r.exit_code == 1 and "cut short or damaged" in r.output and "--allow-partial" in r.output
+    r = CliRunner().invoke(main, ["transcribe", str(cut), "--model", model, "--json", "-q", "--allow-partial"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)["items"][0]["result"]
+    assert 8.0 < res["audio_s"] < 11.0  # the half that is there (a 10 s block used to be lost with it)
+
+
+def test_an_m4a_whose_recording_was_never_finished_names_the_missing_index(tmp_path, tiny_dir):
+    """The index written last (the default) and the file cut before it: no decoder can read it;
+    the error says why and what can repair it, instead of 'format not recognised'."""
+    data = encode(tone(20.0), SR, tmp_path / "whole.m4a", "ipod", "aac").read_bytes()
+    assert data.find(b"mdat") < data.find(b"moov")
+    cut = tmp_path / "interrupted.m4a"
+    cut.write_bytes(data[: len(data) // 2])
+    r = CliRunner().invoke(main, ["transcribe", str(cut), "--model", str(build_ct2(tiny_dir)), "-q"])
+    assert r.exit_code != 0 and "Traceback" not in r.output
+    assert "interrupted.m4a is an unfinished recording" in r.output and "'moov' box" in r.output
+    assert "untrunc" in r.output
 
 
 @pytest.mark.parametrize("name", ["m4a", "webm", "mp4"])

@@ -35,16 +35,21 @@ def blocks(path: str | Path, block: int, rate: int) -> Iterator[np.ndarray]:
         to_float = av.AudioResampler(format="fltp", rate=rate)  # planar float: (channels, samples)
         pending: list[np.ndarray] = []
         held = 0
-        for frame in _frames(container, stream):
-            for out in to_float.resample(frame):
-                x = out.to_ndarray()
-                mono = x.mean(axis=0, dtype=np.float32) if x.shape[0] > 1 else x[0]
-                pending.append(np.ascontiguousarray(mono, dtype=np.float32))
-                held += len(mono)
-                while held >= block:
-                    joined = np.concatenate(pending)
-                    yield joined[:block]
-                    pending, held = [joined[block:]], len(joined) - block
+        try:
+            for frame in _frames(container, stream):
+                for out in to_float.resample(frame):
+                    x = out.to_ndarray()
+                    mono = x.mean(axis=0, dtype=np.float32) if x.shape[0] > 1 else x[0]
+                    pending.append(np.ascontiguousarray(mono, dtype=np.float32))
+                    held += len(mono)
+                    while held >= block:
+                        joined = np.concatenate(pending)
+                        yield joined[:block]
+                        pending, held = [joined[block:]], len(joined) - block
+        except Exception:
+            if held:  # what decoded before the damage is audio all the same (a recording cut short)
+                yield np.concatenate(pending)
+            raise
         for out in to_float.resample(None):  # what the resampler still holds
             x = out.to_ndarray()
             pending.append(np.ascontiguousarray(x.mean(axis=0, dtype=np.float32)))
