@@ -76,6 +76,7 @@ def _taskrun(runtime: str | None):
     from taskrun.pipelines.llm.sampling import Sampling
     from taskrun.tasks.clock import Clock
 
+    os.environ["TASKRUN_PROMPT_CACHE"] = "0"  # a fresh KV state every answer, as for llama.cpp direct
     card = resolve("smollm2-135m")
     rt = runtime or card.runtime
     llm = load_symbol(RUNTIMES[("generate", rt)].engine).load(card, "cpu", "auto")

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from taskrun.runner.bench_core import Contender, Skipped
-from taskrun.runner.bench_suites import Suite, missing, pick, taskrun_job
+from taskrun.runner.bench_suites import Suite, missing, pick, taskrun_job, with_env
 from taskrun.tasks.base import Input
 
 PROMPT = ("Write a short story about a young astronomer named Mira who builds her own telescope from "
@@ -26,8 +26,11 @@ def generate(model: str | None, against: tuple[str, ...], data: list[Path], quic
     prompt = Path(data[0]).read_text() if data else PROMPT
     options = {"max_tokens": n, "temperature": 0.0, "stream": False}
     suite = Suite("generate", model, "tokens", n,
-                  [Contender("taskrun", taskrun_job("generate", [Input("prompt", "text", text=prompt)], options,
-                                                    model), "taskrun", f"greedy, {n} tokens")])
+                  # every run reads the prompt afresh, as the llama.cpp contender's (reset) does:
+                  # taskrun's prompt cache would answer a repeated prompt from its kept logits
+                  [Contender("taskrun", with_env({"TASKRUN_PROMPT_CACHE": "0"}, taskrun_job(
+                      "generate", [Input("prompt", "text", text=prompt)], options, model)),
+                      "taskrun", f"greedy, {n} tokens")])
     if pick(against, "transformers"):
         suite.contenders.append(Contender("transformers", _plain(model, prompt, n), note="generate, float32, greedy"))
     if pick(against, "llama.cpp"):

@@ -106,7 +106,8 @@ class Chat:
 def turn_line(rec) -> str:
     """One line of a turn's numbers, generate's metrics in short."""
     m = rec.metrics
-    return (f"[{m.input_tokens} prompt + {m.output_tokens} answer tokens · ttft {m.ttft_s:.2f} s · "
+    kept = f" ({m.cached_prompt_tokens} cached)" if m.cached_prompt_tokens else ""
+    return (f"[{m.input_tokens} prompt{kept} + {m.output_tokens} answer tokens · ttft {m.ttft_s:.2f} s · "
             f"prefill {m.prefill_s:.3f} s · {m.decode_tokens_per_s:.1f} tok/s · {m.finish_reason} · "
             f"run {rec.id}]")
 

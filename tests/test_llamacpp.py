@@ -188,6 +188,7 @@ def test_prompts_read_from_a_float16_copy_and_decode_from_the_4bit_file(tiny_q4,
     from taskrun.models.resolve import cache_dir, resolve
     from taskrun.pipelines.llm.llamacpp import LlamaCppEngine
 
+    monkeypatch.setenv("TASKRUN_PROMPT_CACHE", "0")  # the same prompt twice: read it twice
     card = resolve(tiny_q4)
     llm = copy.copy(LlamaCppEngine.load(card, "cpu", "auto"))
     assert llm.dtype == "q4_1" and card.runtime == "llama.cpp"
@@ -227,11 +228,12 @@ def test_json_schema_is_valid_by_construction_on_llama_cpp(tiny, tmp_path):
         assert all(x["kind"] in ("a", "b") for x in json.loads(res["text"])["items"])
 
 
-def test_a_damaged_prompt_copy_falls_back_and_is_remade(tiny_q4):
+def test_a_damaged_prompt_copy_falls_back_and_is_remade(tiny_q4, monkeypatch):
     from taskrun.models.gguf import gguf_metadata
     from taskrun.models.resolve import cache_dir, resolve
     from taskrun.pipelines.llm.llamacpp import LlamaCppEngine
 
+    monkeypatch.setenv("TASKRUN_PROMPT_CACHE", "0")  # the same prompt twice: read it twice
     card = resolve(tiny_q4)
     loaded = LlamaCppEngine.load(card, "cpu", "auto")
     folder = cache_dir() / "llamacpp"
@@ -250,3 +252,152 @@ def test_a_damaged_prompt_copy_falls_back_and_is_remade(tiny_q4):
     llm.free()
     assert llm.prompt_native is None and not broken.exists()
     assert int(got.argmax()) == int(want.argmax())
+
+
+# ----------------------------------------------------------------- the prompt cache (llamacpp.py, _resume)
+
+
+def _shared(a, b):
+    from taskrun.pipelines.llm.llamacpp import _shared
+
+    return _shared(a, b)
+
+
+def test_a_prompt_extending_the_last_job_reads_only_its_new_tokens(llm, monkeypatch):
+    """Chat turn 2: the conversation so far stays in the KV cache; only the new tokens are read, and
+    the answer is the one a cold engine gives (float32 weights: same logits to rounding)."""
+    import torch
+
+    llm.eos = set()
+    first, _ = contract._decode(llm, llm.prompt_ids(contract.PROMPT), max_tokens=8)
+    ids = llm.prompt_ids("And then?", history=(("user", contract.PROMPT), ("assistant", first.text)))
+    kept = _shared(ids, llm.native.tokens)
+    assert kept >= len(llm.prompt_ids(contract.PROMPT))  # the whole first prompt at least
+    warm_logits = llm.prefill(ids, room=8)
+    assert llm.cached_tokens == kept and llm.native.tokens == ids
+    warm, _ = contract._decode(llm, ids, max_tokens=8)
+    monkeypatch.setenv("TASKRUN_PROMPT_CACHE", "0")
+    cold_logits = llm.prefill(ids, room=8)
+    assert llm.cached_tokens == 0
+    cold, _ = contract._decode(llm, ids, max_tokens=8)
+    assert cold.cached_prompt_tokens == 0 and warm.cached_prompt_tokens == len(ids)
+    # measured up to 1.3e-3: the answer's KV written a step at a time, not in one batch (float16 cache)
+    assert torch.allclose(warm_logits, cold_logits, atol=1e-2), (warm_logits - cold_logits).abs().max()
+    assert warm.token_ids == cold.token_ids
+
+
+def test_a_different_prompt_reuses_nothing(llm):
+    contract._decode(llm, llm.prompt_ids("The meeting decided to ship on Friday.", raw=True), max_tokens=4)
+    other = llm.prompt_ids("Paris is the capital of France, and Berlin that of Germany.", raw=True)
+    assert _shared(other, llm.native.tokens) == 0
+    out, _ = contract._decode(llm, other, max_tokens=4)
+    assert out.cached_prompt_tokens == 0 and llm.native.tokens[:len(other)] == other
+
+
+def test_a_shared_prefix_shorter_than_min_reuse_is_read_again(llm):
+    from taskrun.pipelines.llm.llamacpp import MIN_REUSE
+
+    long = llm.encode(" ".join(["The meeting decided to ship on Friday."] * 4))
+    contract._decode(llm, long, max_tokens=2)
+    short = long[:MIN_REUSE - 1] + llm.encode(" Paris")
+    llm.prefill(short, room=2)
+    assert llm.cached_tokens == 0 and llm.native.tokens == short
+
+
+def test_an_identical_prompt_gives_the_first_reads_logits_bit_for_bit(llm):
+    import torch
+
+    ids = llm.prompt_ids(contract.PROMPT)
+    runs = []
+    for _ in range(2):
+        runs.append([llm.prefill(ids, room=4)] + [llm.decode_step(t) for t in (5, 17)])
+        llm.free()
+    assert llm.cached_tokens == len(ids) and llm.native.tokens == ids + [5, 17]
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+
+
+def test_the_prompt_cache_is_off_with_taskrun_prompt_cache_0(llm, monkeypatch):
+    monkeypatch.setenv("TASKRUN_PROMPT_CACHE", "0")
+    ids = llm.prompt_ids(contract.PROMPT)
+    for _ in range(2):
+        out, _ = contract._decode(llm, ids, max_tokens=3)
+        assert out.cached_prompt_tokens == 0
+    llm.prefill(ids)
+    assert llm.cached_tokens == 0 and llm.native.tokens == ids
+
+
+def test_a_context_regrown_by_ensure_starts_empty(llm):
+    """A job that needs a bigger KV cache gets a new, empty context: nothing is kept from the old one."""
+    ids = llm.prompt_ids(contract.PROMPT)
+    contract._decode(llm, ids, max_tokens=3)
+    native = llm.native
+    assert native.tokens[:len(ids)] == ids and native.prompt_end is not None
+    llm.prefill(ids, room=native.n_ctx)  # more room than the context has
+    assert llm.cached_tokens == 0 and native.tokens == ids and native.n_ctx >= len(ids) + 512
+    native.ensure(native.n_ctx * 2)
+    assert native.tokens == [] and native.pos == 0 and native.prompt_end is None
+
+
+def test_kv_left_by_an_interrupted_step_is_cut_before_the_next_prompt(llm, monkeypatch):
+    """Ctrl-C between llama_decode and the bookkeeping leaves a position the token list lacks: the
+    next prompt still lands right after the kept prefix (the logits a cold read gives)."""
+    import torch
+
+    ids = llm.prompt_ids(contract.PROMPT)
+    llm.prefill(ids, room=8)
+    llm.decode_step(5)
+    del llm.native.tokens[-1]  # as if interrupted: the step's KV is there, its token not recorded
+    more = ids + llm.encode(" Paris")
+    warm = llm.prefill(more, room=8)
+    assert llm.cached_tokens == len(ids)
+    monkeypatch.setenv("TASKRUN_PROMPT_CACHE", "0")
+    cold = llm.prefill(more, room=8)
+    assert torch.allclose(warm, cold, atol=1e-2), (warm - cold).abs().max()
+
+
+def test_engine_copies_share_one_view_of_the_cache(llm):
+    """Copies of an engine (the model cache hands out one; tests and the server copy it) share one
+    context: what one read, the other sees and keeps, never a stale list of its own."""
+    other = copy.copy(llm)
+    ids = llm.prompt_ids(contract.PROMPT)
+    contract._decode(llm, ids, max_tokens=3)
+    assert other.native is llm.native
+    out, _ = contract._decode(other, ids, max_tokens=3)
+    assert out.cached_prompt_tokens == len(ids)
+    contract._decode(llm, llm.prompt_ids("Something else entirely, a new topic.", raw=True), max_tokens=3)
+    out, _ = contract._decode(other, ids, max_tokens=3)
+    assert out.cached_prompt_tokens == 0
+
+
+def test_same_seed_same_text_with_the_float16_prompt_copy(tiny_q4):
+    """The 4-bit model reads prompts on its float16 copy: a repeated prompt is answered from the
+    first read's logits and KV, so a sampled answer repeats token for token."""
+    from taskrun.models.resolve import resolve
+    from taskrun.pipelines.llm.llamacpp import LlamaCppEngine
+
+    llm = copy.copy(LlamaCppEngine.load(resolve(tiny_q4), "cpu", "auto"))
+    llm.eos = set()
+    ids = llm.prompt_ids(" ".join(["The capital of France is Paris."] * 4))
+    a, _ = contract._decode(llm, ids, max_tokens=12, temperature=1.0, seed=3)
+    assert llm.prompt_native is not None
+    b, _ = contract._decode(llm, ids, max_tokens=12, temperature=1.0, seed=3)
+    assert b.cached_prompt_tokens == len(ids) and a.token_ids == b.token_ids
+    turn2 = ids + a.token_ids + llm.encode(" And Germany?")
+    c, _ = contract._decode(llm, turn2, max_tokens=4)  # the new tokens read on the float16 copy
+    assert c.cached_prompt_tokens == len(ids) + len(a.token_ids) - 1  # the last answer token was never read
+    assert llm.native.tokens[:len(turn2)] == turn2 and llm.prompt_native.tokens == []
+
+
+def test_chat_turn_two_reuses_turn_ones_conversation(tiny):
+    from taskrun.runner.runlog import RunLog
+
+    r = CliRunner().invoke(main, ["chat", "--model", tiny, "--max-tokens", "6", "--seed", "1"],
+                           input="Hi there\nWhat did I say?\n")
+    assert r.exit_code == 0, r.output
+    rows = list(reversed(RunLog().recent(10, task="generate")))
+    assert len(rows) == 2
+    first, second = (x["metrics"] for x in rows)
+    assert second["cached_prompt_tokens"] >= first["input_tokens"]
+    assert second["cached_prompt_tokens"] < second["input_tokens"]
+

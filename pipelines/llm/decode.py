@@ -35,6 +35,7 @@ class Decoded:
     decode_s: float = 0.0  # from the first token to the last: the model's passes, not the consumer's time
     decode_steps: int = 0  # tokens after the first, the end-of-sequence token included (it cost a pass)
     hit_window: bool = False  # generation stopped because the context window was full
+    cached_prompt_tokens: int = 0  # prompt tokens kept from the engine's KV cache, not read again
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -53,6 +54,8 @@ def stream(engine, ids: list[int], s: Sampling, clock: Clock, out: Decoded) -> I
     for step, token in enumerate(timed(_tokens(engine, ids, limit, s, rule), steps.append)):
         if step == 0:
             out.first_token_at, out.prefill_s = clock.now(), steps[0]
+            # engines without a prompt cache (transformers) have no such count
+            out.cached_prompt_tokens = getattr(engine, "cached_tokens", 0)
         else:
             out.decode_s += steps[step]
             out.decode_steps = step

@@ -40,6 +40,7 @@ class LLMEngine(ABC):
     dtype: str  # what the run log records: the weights' storage while decoding ("float16", "int8", ...)
     context: int  # the window in tokens: prompt and answer together
     eos: set[int]  # token ids that end an answer (end of text, end of turn)
+    cached_tokens: int = 0  # prompt tokens the last prefill kept from an earlier sequence's KV state
 
     @classmethod
     @abstractmethod
@@ -98,8 +99,10 @@ class LLMEngine(ABC):
 
     @abstractmethod
     def prefill(self, ids: list[int], room: int = 0):
-        """Start a fresh sequence: read ``ids`` and return the logits of the last position.
-        ``room`` is how many tokens may follow, so a KV cache can be sized once."""
+        """Start the sequence ``ids`` and return the logits of its last position. ``room`` is how
+        many tokens may follow, so a KV cache can be sized once. An engine with a prompt cache
+        (llama.cpp) keeps the KV of the prefix it shares with the previous sequence and says how
+        many tokens in ``cached_tokens``."""
 
     @abstractmethod
     def decode_step(self, token: int):
@@ -107,7 +110,8 @@ class LLMEngine(ABC):
 
     @abstractmethod
     def free(self) -> None:
-        """Drop the KV state of the current sequence (the decode loop calls it when it ends)."""
+        """The decode loop calls it when a sequence ends: drop its KV state, or keep it for the
+        next prompt's shared prefix (llama.cpp's prompt cache)."""
 
     def decoding(self) -> AbstractContextManager:
         """Entered around the token-by-token loop (after the prefill): e.g. the thread setting that

@@ -78,6 +78,7 @@ class _Totals:
     """The job's sums over its answers, for its metrics."""
 
     input_tokens: int = 0
+    cached_prompt_tokens: int = 0
     output_tokens: int = 0
     prefill_s: float = 0.0
     decode_steps: int = 0
@@ -89,6 +90,7 @@ class _Totals:
         if self.ttft_s is None and out.first_token_at is not None:
             self.ttft_s = out.first_token_at
         self.input_tokens += input_tokens
+        self.cached_prompt_tokens += out.cached_prompt_tokens
         self.output_tokens += len(out.token_ids)
         self.prefill_s += out.prefill_s
         self.decode_steps += out.decode_steps
@@ -97,7 +99,8 @@ class _Totals:
 
     def metrics(self, options) -> Metrics:
         return Metrics(
-            input_tokens=self.input_tokens, output_tokens=self.output_tokens, ttft_s=self.ttft_s or 0.0,
+            input_tokens=self.input_tokens, cached_prompt_tokens=self.cached_prompt_tokens,
+            output_tokens=self.output_tokens, ttft_s=self.ttft_s or 0.0,
             prefill_s=self.prefill_s,
             decode_tokens_per_s=self.decode_steps / self.decode_s if self.decode_s > 0 else 0.0,
             finish_reason=",".join(dict.fromkeys(self.reasons)),

@@ -17,11 +17,26 @@ single-token steps on ``TASKRUN_DECODE_THREADS`` (1 by default, as for torch), p
 cores other processes leave free; the KV cache is sized to what a job needs (prompt + room,
 rounded up), not the whole window. llama.cpp's own log never reaches stderr (its last lines
 explain a failed load).
+
+Prompt cache, as llama-server's: ``free`` keeps the KV cache, and the next job reads only what
+its prompt does not share with the tokens already cached (the next turn of `run chat`, a chat
+client resending the conversation to `run serve`): the common prefix stays, the rest is cut
+(``llama_memory_seq_rm``) and the new tokens are read, on the float16 prompt copy where there is
+one (the KV cache goes there and back: ~ms per hundred tokens). A prompt identical to the last one
+read is answered from the logits kept after it, so a repeated job gives exactly the first one's
+text. A prompt that extends the cache (chat turn 2) reads its earlier answer's KV as the 4-bit
+model wrote it while decoding, where a cold read recomputes it: the logits differ in the last
+digits, and a small model's greedy text can differ from a cold run's from that turn on (measured
+on SmolLM2-135M; llama-server's prompt cache does the same). Either way it is reproducible: the
+same jobs in the same order give the same texts.
+``cached_tokens`` says how many prompt tokens a prefill kept (generate's ``cached_prompt_tokens``).
+TASKRUN_PROMPT_CACHE=0 turns it off: every prompt is read whole, as a fresh sequence.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 from pathlib import Path
 
 from taskrun.models.gguf import gguf_file, gguf_metadata
@@ -32,6 +47,10 @@ from taskrun.pipelines.llm.llamacpp_native import Native, file_type, library, pr
 from taskrun.tasks.base import ModelCard, TaskError
 
 MIN_CTX = 512  # the smallest KV cache made: a short job's cache, grown by powers of two on demand
+# The shortest shared prefix worth keeping: below it a fresh read costs about what the cut does,
+# and a fresh read goes through the float16 prompt copy (better first-token logits, see
+# llamacpp_native). 16 tokens is less than a chat template's system header.
+MIN_REUSE = 16
 
 
 class LlamaCppEngine(LLMEngine):
@@ -52,6 +71,7 @@ class LlamaCppEngine(LLMEngine):
         self._strs: list[str] | None = None
         self._texts: list[tuple[bytes, bool]] | None = None  # token pieces, read once (_pieces)
         self._one = (lib.llama_token * 1)()
+        self.cached_tokens = 0  # prompt tokens the last prefill kept from the KV cache (not read again)
         # the float16 copy that reads prompts (llamacpp_native), made and loaded on the first one
         self.prompt_native: Native | None = None
         self._copy_wanted = wants_prompt_copy(self.path, self.dtype)
@@ -195,30 +215,79 @@ class LlamaCppEngine(LLMEngine):
 
     def prefill(self, ids: list[int], room: int = 0):
         native, n = self.native, len(ids)
+        self.cached_tokens = 0
+        if native.n_ctx >= n + room and os.environ.get("TASKRUN_PROMPT_CACHE", "1") != "0":
+            logits = self._resume(ids)
+            if logits is not None:
+                native.prompt_end = (n, logits.clone())
+                return logits
         size = self._size(n + room)
         native.ensure(size)
         native.clear()
         arr = (self.lib.llama_token * n)(*ids)
         helper = self._prompt_native()
+        logits = None
         if helper is not None:
             helper.ensure(size)
             helper.clear()
             logits = self._logits(helper.eval(arr, n))
-            if helper.move_kv_to(native):
-                return logits
-        return self._logits(native.eval(arr, n))
+            if not helper.move_kv_to(native):
+                logits = None
+        if logits is None:
+            logits = self._logits(native.eval(arr, n))
+        native.prompt_end = (n, logits.clone())
+        return logits
+
+    def _resume(self, ids: list[int]):
+        """The logits after ``ids`` read on top of the KV cache's shared prefix, or None where too
+        little is shared (the caller reads the prompt whole). A prompt equal to the last one read
+        comes back with that read's logits, bit for bit: reading its last token again on the
+        4-bit model instead of the float16 copy could change the answer."""
+        native, n = self.native, len(ids)
+        same = _shared(ids, native.tokens)
+        end = native.prompt_end
+        if same == n and end is not None and end[0] == n and native.keep(n):
+            self.cached_tokens = n
+            return end[1].clone()
+        keep = min(same, n - 1)  # the last prompt token is read again: its logits start the answer
+        if keep < MIN_REUSE or not native.keep(keep):
+            return None
+        rest = ids[keep:]
+        arr = (self.lib.llama_token * len(rest))(*rest)
+        helper = self._prompt_native()
+        if helper is not None:
+            helper.ensure(native.n_ctx)
+        if helper is not None and native.move_kv_to(helper):
+            # the new tokens read on the float16 copy, as a cold prompt is: its KV goes there and back
+            logits = self._logits(helper.eval(arr, len(rest)))
+            if not helper.move_kv_to(native):
+                helper.clear()
+                return None  # both caches are empty now: the caller reads the prompt whole
+        else:
+            logits = self._logits(native.eval(arr, len(rest)))
+        self.cached_tokens = keep
+        return logits
 
     def decode_step(self, token: int):
         self._one[0] = token
         return self._logits(self.native.eval(self._one, 1))
 
     def free(self) -> None:
-        self.native.clear()
+        """Nothing: the KV cache stays for the next job's shared prefix (see the module's docstring)."""
 
     def decoding(self):
         """Torch (the sampler's argmax, softmax) on one thread between steps, as for the
         transformers engine: its pool's wake-ups cost more than 49k-float reductions."""
         return decode_threads(self.device)
+
+
+def _shared(a: list[int], b: list[int]) -> int:
+    """How many leading ids ``a`` and ``b`` have in common."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
 
 
 def _special_ids(meta: dict) -> set[int]:

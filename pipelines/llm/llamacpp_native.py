@@ -107,11 +107,19 @@ def prompt_threads() -> int:
 
 class Native:
     """One llama.cpp model and its context (KV cache), freed context first when the last engine
-    holding it goes: copies of an engine share it, so a copy going away frees nothing in use."""
+    holding it goes: copies of an engine share it, so a copy going away frees nothing in use.
+
+    ``tokens`` are the ids whose KV the context holds (positions 0..pos-1), so that the next job
+    can keep the prefix it shares with them (llamacpp.py, ``prefill``). They live here, beside the
+    KV cache they describe, so engine copies sharing this context share one true view of it."""
 
     def __init__(self, lib, path: Path) -> None:
         self.lib, self.path = lib, path
-        self.ctx, self.mem, self.n_ctx, self.pos = None, None, 0, 0
+        self.ctx, self.mem, self.n_ctx = None, None, 0
+        self.tokens: list[int] = []
+        # (n, logits) after the last prompt read: n prompt tokens and the logits that followed them,
+        # valid while tokens[:n] is that prompt's KV as it was read (keep() and clear() drop it)
+        self.prompt_end: tuple[int, object] | None = None
         params = lib.llama_model_default_params()
         params.n_gpu_layers = 0
         _LOG.clear()
@@ -135,11 +143,29 @@ class Native:
             raise TaskError(f"llama.cpp could not make a {size}-token context for {self.path.name} "
                             f"({log_tail()}); free memory or shorten the job")
         self.mem, self.n_ctx = lib.llama_get_memory(self.ctx), lib.llama_n_ctx(self.ctx)
+        self.tokens, self.prompt_end = [], None
+
+    @property
+    def pos(self) -> int:
+        """The next position: how many tokens the KV cache holds."""
+        return len(self.tokens)
 
     def clear(self) -> None:
         if self.mem is not None:
             self.lib.llama_memory_clear(self.mem, False)
-        self.pos = 0
+        self.tokens, self.prompt_end = [], None
+
+    def keep(self, n: int) -> bool:
+        """Drop the KV cache after its first ``n`` positions; False if llama.cpp cannot (a
+        recurrent model's state cannot be cut): the caller then starts over with ``clear``.
+        Called even with nothing to drop: a batch interrupted (Ctrl-C) after llama_decode but
+        before ``tokens`` grew left positions that the next batch would otherwise follow."""
+        if not self.lib.llama_memory_seq_rm(self.mem, 0, n, -1):
+            return False
+        del self.tokens[n:]
+        if self.prompt_end is not None and self.prompt_end[0] > n:
+            self.prompt_end = None
+        return True
 
     def eval(self, arr, n: int):
         """Append the ``n`` tokens of the ctypes array ``arr``; a pointer to the logits after the last."""
@@ -154,8 +180,10 @@ class Native:
             part = arr if k == n else (lib.llama_token * k).from_buffer(arr, start * ctypes.sizeof(lib.llama_token))
             rc = lib.llama_decode(self.ctx, lib.llama_batch_get_one(part, k))
             if rc != 0:
+                # what llama.cpp kept of a failed batch is unknown: the next job starts over
+                self.clear()
                 raise TaskError(f"llama.cpp failed to evaluate {k} tokens (llama_decode returned {rc})")
-            self.pos += k
+            self.tokens.extend(part[:k])
         return lib.llama_get_logits_ith(self.ctx, -1)
 
     def move_kv_to(self, other: Native) -> bool:
@@ -169,14 +197,15 @@ class Native:
         if lib.llama_state_seq_set_data(other.ctx, buf, size, 0) != size:
             other.clear()
             return False
-        other.pos = self.pos
+        other.tokens = self.tokens
         self.clear()
         return True
 
     def free_context(self) -> None:
         if self.ctx is not None:
             self.lib.llama_free(self.ctx)
-            self.ctx, self.mem, self.n_ctx, self.pos = None, None, 0, 0
+            self.ctx, self.mem, self.n_ctx = None, None, 0
+        self.tokens, self.prompt_end = [], None
 
     def __del__(self, _finalizing=sys.is_finalizing) -> None:
         # Bound as a default: at interpreter exit module globals (sys, the library's functions) may
