@@ -156,3 +156,34 @@ def test_server_corpus_is_a_name_there_not_a_local_input(tmp_path):
     notes = _notes(tmp_path)
     r = CliRunner().invoke(main, ["search", "q", "--corpus", str(notes), "-o", str(notes), "--server", NOWHERE])
     assert r.exit_code == 1 and "also an input" not in r.output and NOWHERE in r.output
+
+
+def test_two_names_for_one_file_share_one_server_worker(tiny_dir):
+    """The server runs one job at a time per worker; an alias and a path that load the same weights
+    get one engine from the model cache, so they must get one worker too: two threads on one
+    llama.cpp context would mix their KV caches (the prompt cache keeps it between jobs)."""
+    from types import SimpleNamespace
+
+    from taskrun.runner.serve.service import Service
+    from taskrun.runner.serve.workers import Workers
+    from taskrun.tasks.base import TaskError
+
+    cards = {"alias": SimpleNamespace(digest="sha256:aa", path="/m/a.gguf"),
+             "/m/a.gguf": SimpleNamespace(digest="sha256:aa", path="/m/a.gguf"),
+             "other": SimpleNamespace(digest="sha256:bb", path="/m/b.gguf")}
+
+    def card(name):
+        if name not in cards:
+            raise TaskError(f"no model named {name}")
+        return cards[name]
+
+    service = SimpleNamespace(catalogue=SimpleNamespace(card=card))
+    workers = Workers(4, same_as=lambda m: Service._weights_of(service, m))
+    assert workers.get("alias") is workers.get("/m/a.gguf")
+    assert workers.get("other") is not workers.get("alias")
+    assert workers.get("unknown") is not workers.get("alias")  # an unresolvable name keeps its own
+    assert set(workers.depth()) == {"alias", "/m/a.gguf", "other", "unknown"}
+    workers.close()
+    plain = Workers(4)
+    assert plain.get("alias") is not plain.get("/m/a.gguf")  # without the mapping: by name, as before
+    plain.close()

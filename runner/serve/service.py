@@ -82,12 +82,20 @@ class Service:
 
         self.settings = settings
         self.metrics = ServerMetrics()
-        self.workers = Workers(settings.max_queue)
         self.catalogue = Catalogue(settings.preload)
+        self.workers = Workers(settings.max_queue, same_as=self._weights_of)
         self.log = RunLog(settings.log_db)
         self.preload_state: dict[str, str] = {m: "loading" for m in settings.preload}
         self.batcher = None  # an EmbedBatcher when batching is on (app.py sets it)
         self.loads = LoadGate()
+
+    def _weights_of(self, model: str) -> str:
+        """What ``model`` loads (its card is resolved already: model_for or the preload did)."""
+        try:
+            card = self.catalogue.card(model)
+        except TaskError:
+            return model
+        return card.digest or str(card.path)
 
     async def model_for(self, spec: JobSpec) -> str:
         kind = spec.inputs[0].kind if spec.inputs else None

@@ -200,20 +200,27 @@ def _set_once(future: asyncio.Future) -> None:
 
 
 class Workers:
-    """Every model's worker, made on first use."""
+    """Every model's worker, made on first use. ``same_as`` maps a model's name to what it loads
+    (its weights' digest): two names for one file (an alias and its path) get one worker, since
+    they get one loaded engine, whose state (a KV cache) a second thread would corrupt."""
 
-    def __init__(self, max_queue: int) -> None:
+    def __init__(self, max_queue: int, same_as: Callable[[str], str] | None = None) -> None:
         self.max_queue = max_queue
+        self.same_as = same_as or (lambda model: model)
         self.by_model: dict[str, ModelWorker] = {}
+        self._by_weights: dict[str, ModelWorker] = {}
 
     def get(self, model: str) -> ModelWorker:
         if model not in self.by_model:
-            self.by_model[model] = ModelWorker(model, self.max_queue)
+            weights = self.same_as(model)
+            if weights not in self._by_weights:
+                self._by_weights[weights] = ModelWorker(model, self.max_queue)
+            self.by_model[model] = self._by_weights[weights]
         return self.by_model[model]
 
     def depth(self) -> dict[str, int]:
         return {m: w.waiting + w.running for m, w in self.by_model.items()}
 
     def close(self) -> None:
-        for w in self.by_model.values():
+        for w in self._by_weights.values():
             w.close()
