@@ -231,15 +231,17 @@ def test_a_seeking_engine_gets_the_files_speech_as_one_stretch():
     """faster-whisper's loop keeps greedy decoding's context across its 30 s windows only when it
     is handed more than one window's worth: taskrun's own 30 s cuts made greedy hear "clubs" as
     "clothes" on the meeting (4.2 % WER; 1.0 % in one stretch, as faster-whisper's vad_filter)."""
-    one, n = packed_windows(300.0)
+    one, n = packed_windows(120.0)  # CT2WhisperEngine.seek_window_s
     assert len(one) == 1 and 60 < one[0].length / SR < 100  # all the speech of 122 s, pauses cut
     assert one[0].end_s > 110 and one[0].to_file(0.0) < 1.0
-    for seek_window_s, batch in ((None, 1), (300.0, 8)):  # an engine that does not seek; a batch
+    for seek_window_s, batch in ((None, 1), (120.0, 8)):  # an engine that does not seek; a batch
         windows, _ = packed_windows(seek_window_s, batch)
         assert len(windows) >= 3 and all(w.length <= 30 * SR for w in windows)
-    contiguous, _ = packed_windows(300.0, vad=False)  # without VAD: the file itself, in one
-    assert len(contiguous) == 1 and contiguous[0].length == n
+    contiguous, _ = packed_windows(120.0, vad=False)  # without VAD: the file itself, laid end to end
+    assert len(contiguous) == 2 and sum(w.length for w in contiguous) == n  # 122 s in stretches of <= 120 s
+    assert all(w.length <= 120 * SR for w in contiguous)
     assert contiguous[0].to_file(100.0) == pytest.approx(100.0)
+    assert contiguous[1].to_file(0.0) == pytest.approx(contiguous[0].length / SR)
 
 
 def test_long_audio_is_chunked_with_timestamps_across_seams(tiny_dir, tmp_path):
@@ -249,8 +251,8 @@ def test_long_audio_is_chunked_with_timestamps_across_seams(tiny_dir, tmp_path):
     out = job(path, "--model", build_ct2(tiny_dir), "--beam-size", "1", "--no-vad")
     res = out["items"][0]["result"]
     assert res["audio_s"] == pytest.approx(2 * len(x) / SR, abs=0.01)
-    # ctranslate2 walks the whole file itself (one packed stretch, its own 30 s windows)
-    assert out["metrics"]["chunks"] == 1 and out["metrics"]["speech_s"] is None
+    # ctranslate2 walks each stretch of at most seek_window_s (120 s) itself, in its own 30 s windows
+    assert out["metrics"]["chunks"] == 2 and out["metrics"]["speech_s"] is None
     segs = res["segments"]
     assert segs[-1]["start"] > 90  # later chunks keep their offset
     starts = [s["start"] for s in segs]

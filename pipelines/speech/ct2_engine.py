@@ -1,7 +1,7 @@
 """transcribe on CTranslate2 through faster-whisper: the default for the packaged Whisper weights.
 
 taskrun does the reading, chunking and voice-activity detection (pipelines/speech/transcribe.py) so that
-both runtimes see the same chunks. This engine is handed up to five minutes of packed speech at a
+both runtimes see the same chunks. This engine is handed up to two minutes of packed speech at a
 time (``seek_window_s``) and lets faster-whisper's loop walk it in 30 s windows, each prompted
 with the tokens before it: greedy decoding then keeps the context that fixed 30 s cuts lose.
 """
@@ -67,8 +67,13 @@ class CT2WhisperEngine(SpeechEngine):
     # faster-whisper's loop walks a long stretch of packed speech in --chunk-s windows, each
     # started at the last timestamp before it and prompted with the tokens decoded so far: greedy
     # decoding then keeps its context across windows (pipelines/speech/transcribe.py packs for it).
-    # Five minutes of 16 kHz float32 is 19 MB, and its log-Mel features 10 MB.
-    seek_window_s = 300.0
+    # Memory grows with it: faster-whisper's STFT of the whole stretch peaks at ~1 MB per second
+    # of speech (118 MB for 120 s, 294 MB for 300 s; the samples are 7.7 MB, the log-Mel 3.7 MB).
+    # 120 s gave the meeting x3 and meeting.wav the same text as 300 s, and a 1-hour file 734-755 MB
+    # peak RSS instead of 844 MB (README, "Transcribe: ... one stretch").
+    # Each stretch after the first starts prompted with the text before it, not with tokens and
+    # their timestamps: tiny.en then often stops timing inside a 30 s window (one segment each).
+    seek_window_s = 120.0
 
     def __init__(self, card, device="auto", dtype="auto", threads: int | None = None):
         if not (Path(card.path) / "model.bin").exists():
