@@ -244,6 +244,31 @@ def test_a_seeking_engine_gets_the_files_speech_as_one_stretch():
     assert contiguous[1].to_file(0.0) == pytest.approx(contiguous[0].length / SR)
 
 
+def test_a_long_pause_ends_the_stretch_so_no_segment_is_timed_across_it():
+    """Packed across a 4-minute pause, one sentence came out timed 58.7 -> 309.5 s. A pause of
+    GAP_S or more now ends the stretch (and a 30 s window alike): each side is decoded on its own."""
+    from types import SimpleNamespace
+
+    from taskrun.pipelines.speech.transcribe import GAP_S, TranscribePipeline, Window, _Tally
+
+    speech = audio.read_audio(SAMPLES / "meeting.wav", SR)[: 20 * SR]
+    pause = np.zeros(int(60 * SR), np.float32)
+    x = np.concatenate([speech, pause, speech, np.zeros(int(GAP_S / 2 * SR), np.float32), speech])
+    for seek, batch in ((120.0, 1), (None, 1), (120.0, 8)):
+        pipe = TranscribePipeline.__new__(TranscribePipeline)
+        pipe.engine = SimpleNamespace(sample_rate=SR, seek_window_s=seek)
+        opts = SimpleNamespace(chunk_s=30.0, vad=True, batch_size=batch)
+        chunks = audio.chunked(iter([x]), SR, 30.0, 8.0)
+        windows = [w for w in pipe._windows(chunks, opts, _Tally()) if isinstance(w, Window)]
+        for w in windows:  # consecutive parts of a window: never a pause of GAP_S between them
+            gaps = [(f2 - (f1 + len(x1))) / SR for (_, f1, x1), (_, f2, _) in zip(w.parts, w.parts[1:])]
+            assert all(g < GAP_S for g in gaps), gaps
+        assert windows[0].end_s <= 20.5 and windows[1].parts[0][1] / SR >= 79.5
+        limit = ((seek if batch == 1 else None) or 30.0) * SR  # a batch keeps 30 s windows
+        for a, b in zip(windows, windows[1:]):  # and a window ends only when full or at such a pause
+            assert b.parts[0][1] - a.file_end >= GAP_S * SR or a.length + len(b.parts[0][2]) > limit
+
+
 def test_long_audio_is_chunked_with_timestamps_across_seams(tiny_dir, tmp_path):
     x = audio.read_audio(SAMPLES / "meeting.wav", SR)
     path = tmp_path / "long.wav"

@@ -25,6 +25,10 @@ from taskrun.tasks.transcribe import Metrics, Segment, Transcript, Word
 
 SEAM_S = 8.0  # a chunk's cut is chosen in its last SEAM_S seconds, where a pause is likely
 PROMPT_CHARS = 400  # how much of the text decoded so far is kept to prompt the next window
+# A pause at least this long ends the packed window (or stretch) before it: the decoder never sees
+# speech from both sides of it as one, so no segment is timed across it. Packed across a 4-minute
+# pause, tiny.en timed one sentence 58.7 -> 309.5 s (a subtitle on screen through the silence).
+GAP_S = 10.0
 
 
 def place(pieces: list[Piece] | Iterator[Piece], offset_s: float, end_s: float, floor_s: float,
@@ -219,7 +223,8 @@ class TranscribePipeline(EnginePipeline):
                 if use_vad:
                     tally.speech_s += sum(b - a for a, b in spans) / sr
                 for a, b in spans:
-                    if pack.length and pack.length + (b - a) > limit:
+                    if pack.length and (pack.length + (b - a) > limit or
+                                        chunk.start + a - pack.file_end > GAP_S * sr):
                         yield pack
                         pack = Window(sr)
                     pack.add(x[a:b].copy(), chunk.start + a)  # a copy: a view would keep the whole chunk
@@ -248,9 +253,14 @@ class Window:
         return np.concatenate([p[2] for p in self.parts]) if len(self.parts) > 1 else self.parts[0][2]
 
     @property
-    def end_s(self) -> float:
+    def file_end(self) -> int:
+        """The file sample just after the window's last part."""
         w, f, x = self.parts[-1]
-        return (f + len(x)) / self.sr
+        return f + len(x)
+
+    @property
+    def end_s(self) -> float:
+        return self.file_end / self.sr
 
     def to_file(self, t: float, is_end: bool = False) -> float:
         """Window seconds → file seconds. A time on a seam between two parts is the end of the
