@@ -59,7 +59,19 @@ def tiny_aliases(root: Path) -> dict[str, dict]:
             "slow-llama": {"local": str(build_slow_llama(root))},
             "tiny-bert": {"local": str(bert.build(root))},
             "tiny-whisper": {"local": str(whisper.build_ct2(root))},
-            "tiny-yolos": {"local": str(vision.build_yolos(root))}}
+            "tiny-yolos": {"local": str(vision.build_yolos(root))},
+            **_tiny_gguf(root)}
+
+
+def _tiny_gguf(root: Path) -> dict[str, dict]:
+    """The tiny GGUF on llama.cpp (its prompt cache), where llama-cpp-python is installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("llama_cpp") is None:
+        return {}
+    from tests.tiny.gguf_llama import build
+
+    return {"tiny-gguf": {"local": str(build(root))}}
 
 
 def corpus(folder: Path) -> Path:

@@ -104,6 +104,23 @@ def test_earlier_turns_reach_the_model_through_its_chat_template(client):
     assert both.usage.prompt_tokens > alone.usage.prompt_tokens + 8
 
 
+def test_a_conversation_resent_by_a_chat_client_reads_only_its_new_turn(client):
+    """llama.cpp's prompt cache through the OpenAI API: the second request repeats the first
+    conversation and adds a turn; its usage says how many prompt tokens were kept, as OpenAI's
+    own prompt caching does (prompt_tokens_details.cached_tokens)."""
+    pytest.importorskip("llama_cpp")
+    turns = [{"role": "system", "content": "You are a helpful assistant. Answer in one short sentence."},
+             {"role": "user", "content": "What is the capital of France, the country in western Europe?"}]
+    first = client.chat.completions.create(model="tiny-gguf", messages=turns, max_tokens=4, seed=1)
+    more = turns + [{"role": "assistant", "content": first.choices[0].message.content},
+                    {"role": "user", "content": "And of Germany?"}]
+    second = client.chat.completions.create(model="tiny-gguf", messages=more, max_tokens=4, seed=1)
+    kept = second.usage.prompt_tokens_details.cached_tokens
+    assert first.usage.prompt_tokens <= kept < second.usage.prompt_tokens  # the first turn, not the new one
+    other = client.chat.completions.create(model="tiny-llama", messages=turns, max_tokens=2)
+    assert other.usage.prompt_tokens_details.cached_tokens == 0  # transformers keeps no prompt cache
+
+
 def test_json_schema_answer_validates(client):
     # the grammar (pipelines/llm/grammar.py) makes the answer valid by construction, even a random model's
     # (bounded: a random model never closes a string or an object by itself)

@@ -24,11 +24,15 @@ def model_name(spec, rec) -> str:
     return spec.model or (rec.card.name if rec is not None and rec.card is not None else "")
 
 
-def usage(results: list) -> dict:
-    """OpenAI usage from generate results: prompt tokens after the chat template."""
+def usage(results: list, metrics=None) -> dict:
+    """OpenAI usage from generate results: prompt tokens after the chat template, and of them the
+    ones kept from the model's prompt cache (``prompt_tokens_details.cached_tokens``, as OpenAI
+    reports its own prompt caching)."""
     prompt = sum(r.input_tokens for r in results)
     completion = sum(r.output_tokens for r in results)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    cached = int(getattr(metrics, "cached_prompt_tokens", 0) or 0)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def completion_body(chat: bool, spec, rec) -> dict:
@@ -43,7 +47,7 @@ def completion_body(chat: bool, spec, rec) -> dict:
                     "logprobs": None} for i, r in enumerate(results)]
     return {"id": ("chatcmpl-" if chat else "cmpl-") + rec.id,
             "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-            "model": model_name(spec, rec), "choices": choices, "usage": usage(results),
+            "model": model_name(spec, rec), "choices": choices, "usage": usage(results, rec.metrics),
             "system_fingerprint": _fingerprint(rec)}
 
 
@@ -140,7 +144,7 @@ class CompletionChunks:
                 else {"index": i, "text": "", "finish_reason": reason, "logprobs": None}
             out.append(self._chunk([choice]))
         if self.include_usage:
-            out.append(self._chunk([], usage=usage(results)))
+            out.append(self._chunk([], usage=usage(results, rec.metrics)))
         if out:
             out[-1]["run_id"] = rec.id
         return out
