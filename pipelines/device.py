@@ -28,6 +28,38 @@ def configure_openmp() -> None:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+# CTranslate2's libgomp spins this many times before it sleeps (libgomp's GOMP_SPINCOUNT; passive
+# is 0, libgomp's own default 300,000). Measured on `run bench transcribe`'s meeting, each setting
+# in a process of its own (README, "Choosing the wait policy"): 1,000 spins ran 1.44x faster than
+# passive waits on a quiet machine (2.04 vs 2.95 s) and 2 % slower beside one busy process (3.73
+# vs 3.65 s), where 10,000 already collapsed (7.19 s). Torch's libgomp stays passive: there the
+# same spin gained nothing (image, generate) or lost (classify on torch).
+CT2_SPINCOUNT = "1000"
+
+
+def import_ctranslate2():
+    """``ctranslate2``, imported with its own libgomp spinning briefly (CT2_SPINCOUNT) while
+    every other OpenMP runtime waits passively. libgomp reads GOMP_SPINCOUNT once, when it loads,
+    and torch's libgomp reads the same variable: so it is set only for this import and removed
+    after. A GOMP_SPINCOUNT of the user's own is left alone; TASKRUN_CT2_SPINCOUNT=0 gives
+    CTranslate2 passive waits too (a machine whose cores are always busy)."""
+    import sys
+
+    if "ctranslate2" in sys.modules:
+        return sys.modules["ctranslate2"]
+    configure_openmp()
+    spin = os.environ.get("TASKRUN_CT2_SPINCOUNT", CT2_SPINCOUNT)
+    ours = "GOMP_SPINCOUNT" not in os.environ and spin not in ("", "0")
+    if ours:
+        os.environ["GOMP_SPINCOUNT"] = spin
+    try:
+        import ctranslate2
+    finally:
+        if ours:
+            os.environ.pop("GOMP_SPINCOUNT", None)
+    return ctranslate2
+
+
 def configure_threads() -> None:
     """Set torch's threading deliberately, before torch starts its thread pool.
 

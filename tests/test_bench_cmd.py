@@ -78,7 +78,7 @@ def test_a_reference_that_is_not_installed_is_skipped_with_a_line(monkeypatch, t
     monkeypatch.setattr(bench_suites, "missing", lambda module: module == "faster_whisper")
     suite = bench_suites.transcribe(None, (), [wav], quick=True)
     assert [c.name for c in suite.contenders] == ["taskrun", "taskrun --beam-size 5", "taskrun --batch-size 8",
-                                                  "taskrun GOMP_SPINCOUNT=300000"]
+                                                  "taskrun passive waits"]
     assert {s.name for s in suite.skipped} == {"faster-whisper greedy", "faster-whisper beam 5",
                                                "faster-whisper batched"}
     assert all("pip install faster-whisper" in s.reason for s in suite.skipped)
@@ -237,10 +237,10 @@ def test_a_contender_that_needs_its_own_process_is_skipped_in_process(monkeypatc
     assert "TASKRUN_BENCH_X" not in os.environ  # set in the contender's process only
 
 
-def test_the_transcribe_suite_has_a_spinning_taskrun_in_its_own_process():
+def test_the_transcribe_suite_has_a_passive_taskrun_in_its_own_process():
     suite = bench_suites.transcribe(None, (), [], False)
-    spin = [c for c in suite.contenders if c.own_process]
-    assert [c.name for c in spin] == ["taskrun GOMP_SPINCOUNT=300000"] and spin[0].role == "taskrun"
+    own = [c for c in suite.contenders if c.own_process]
+    assert [c.name for c in own] == ["taskrun passive waits"] and own[0].role == "taskrun"
 
 
 def _torch_matmul():

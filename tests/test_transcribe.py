@@ -493,3 +493,43 @@ def test_real_whisper_base_detects_german_and_translates(runtime):
     assert res["language"] == "de" and "guten morgen" in res["text"].lower()
     out = job(path, "--model", "whisper-base", "--runtime", runtime, "--task", "translate")
     assert "good morning" in out["items"][0]["result"]["text"].lower()
+
+
+def _omp_env_after(extra_env: dict) -> list[dict[str, str]]:
+    """What each libgomp in a fresh process read (OMP_DISPLAY_ENV), in load order, after taskrun
+    imports CTranslate2 (speech_spans does, through faster-whisper's VAD) and then torch runs."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    code = ("import numpy as np\n"
+            "from taskrun.pipelines.speech import audio\n"
+            "audio.speech_spans(np.zeros(16000, np.float32), 16000)\n"
+            "import os, torch\n"
+            "assert ('GOMP_SPINCOUNT' in os.environ) == bool(os.environ.get('USER_SPIN'))\n"
+            "torch.ones(64, 64) @ torch.ones(64, 64)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY",
+                                                              "TASKRUN_CT2_SPINCOUNT")}
+    env.update(OMP_DISPLAY_ENV="VERBOSE", **extra_env)
+    if "GOMP_SPINCOUNT" in extra_env:
+        env["USER_SPIN"] = "1"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    blocks = re.findall(r"OPENMP DISPLAY ENVIRONMENT BEGIN(.*?)OPENMP DISPLAY ENVIRONMENT END", done.stderr, re.S)
+    return [dict(re.findall(r"(\w+) = '([^']*)'", b)) for b in blocks]
+
+
+def test_ctranslate2_spins_briefly_while_torch_waits_passively():
+    """CTranslate2's libgomp gets CT2_SPINCOUNT spins (1.44x faster transcription on a quiet
+    machine, 2 % slower beside a busy one); torch's libgomp, which reads the same variable, keeps
+    passive waits; a user's own GOMP_SPINCOUNT, or TASKRUN_CT2_SPINCOUNT=0, wins."""
+    from taskrun.pipelines.device import CT2_SPINCOUNT
+
+    ct2, torch_omp = _omp_env_after({})
+    assert ct2["OMP_WAIT_POLICY"] == "PASSIVE" and ct2["GOMP_SPINCOUNT"] == CT2_SPINCOUNT
+    assert torch_omp["OMP_WAIT_POLICY"] == "PASSIVE" and torch_omp["GOMP_SPINCOUNT"] == "0"
+    ct2, torch_omp = _omp_env_after({"TASKRUN_CT2_SPINCOUNT": "0"})
+    assert ct2["GOMP_SPINCOUNT"] == "0" == torch_omp["GOMP_SPINCOUNT"]
+    ct2, torch_omp = _omp_env_after({"GOMP_SPINCOUNT": "300000"})
+    assert ct2["GOMP_SPINCOUNT"] == "300000" == torch_omp["GOMP_SPINCOUNT"]

@@ -233,9 +233,9 @@ def is_silent(x: np.ndarray, floor_db: float = -60.0) -> bool:
 def speech_spans(x: np.ndarray, sr: int) -> list[tuple[int, int]]:
     """Voice activity in a chunk as (start, end) samples, by Silero VAD (shipped in faster-whisper;
     its ONNX session is built once per process)."""
-    from taskrun.pipelines.device import configure_openmp
+    from taskrun.pipelines.device import import_ctranslate2
 
-    configure_openmp()  # faster_whisper imports CTranslate2, whose libgomp reads the policy once
+    import_ctranslate2()  # faster_whisper imports CTranslate2, whose libgomp reads its policy once
     from faster_whisper import vad
 
     if sr != 16000:

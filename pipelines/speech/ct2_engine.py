@@ -10,13 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from taskrun.pipelines.device import configure_openmp, cpu_threads
+from taskrun.pipelines.device import cpu_threads, import_ctranslate2
 from taskrun.pipelines.speech.engine import FileState, Piece, SpeechEngine
 from taskrun.tasks.base import TaskError
 
-# CTranslate2's own libgomp reads OMP_WAIT_POLICY once, when ctranslate2 is first imported
-# (lazily, below): set the runner's passive policy before that, without importing torch.
-configure_openmp()
+# CTranslate2's own libgomp reads its wait policy once, when ctranslate2 is first imported: through
+# import_ctranslate2 (device.py), which sets the runner's policy for it, without importing torch.
 
 # float32 on CPU: the packaged weights are fp16, and CTranslate2 converts them at load; int8 costs
 # ~1.6 s more load for tiny.en and decoded no faster here (see benchmarks/bench_transcribe.py).
@@ -25,7 +24,7 @@ TAIL_S = 1.0  # speech left after a batched window's last timestamp that is deco
 
 
 def ct2_device(device: str) -> str:
-    import ctranslate2
+    ctranslate2 = import_ctranslate2()
 
     if device in ("auto", "", None):
         return "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
@@ -88,6 +87,7 @@ class CT2WhisperEngine(SpeechEngine):
         self._batch = None
 
     def _load(self):
+        import_ctranslate2()  # before faster_whisper imports it: the wait policy is read then
         from faster_whisper import WhisperModel
 
         dev, _, index = self.device.partition(":")
