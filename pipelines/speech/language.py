@@ -32,7 +32,10 @@ from taskrun.models.resolve import default_model, resolve
 from taskrun.pipelines.speech import audio
 from taskrun.tasks.base import Input, ModelCard, TaskError
 
-DETECT_S = 8.0  # seconds of speech the detector hears
+# Seconds of speech the detector hears. 4 s halves the detection (0.089 against 0.180 s on the
+# meeting) and named every sample alike, but the German sample is only sure from 4 s (3 s: de
+# p=0.37, below MIN_PROB; 2 s: en): 8 s keeps a margin for a greeting or a name at the start.
+DETECT_S = 8.0
 DETECTOR_DTYPE = "int8"  # loads and runs faster than float32 and needs a quarter of the memory
 LOOK_S = 60.0  # how far into the file to look for that much speech
 MIN_PROB = 0.5  # below this the detector is not sure: keep the model asked for
@@ -120,7 +123,14 @@ def detect(inputs: list[Input], alias: str, device: str, offline: bool) -> tuple
         # One thread: a second CTranslate2 model that ran on two threads in this process made the
         # English model's decoding ~2x slower for the rest of the process (generate 1.9-2.2 s
         # against 1.1-1.3 s on the meeting, reproduced with faster-whisper alone); on one
-        # thread it does not. Its own cache role, so it never stands in for a transcribing engine.
+        # thread it does not. Still so with CT2_SPINCOUNT (device.py), and this is why: its team
+        # thread makes libgomp manage more threads than there are cores, and libgomp then waits
+        # with its "throttled" spin count, which is 0 under OMP_WAIT_POLICY=PASSIVE: passive waits
+        # for the rest of the process. Whole warm job on the meeting, 2 cores, a fresh process
+        # each: 1.99-2.11 s on one thread, 2.57-2.69 s on two (the detection itself only 0.015 s
+        # faster), 1.66-1.70 s with --language en; a language=en job after one two-thread
+        # detection 2.25-2.31 s, the same as passive waits (2.41 s). Its own cache role, so it
+        # never stands in for a transcribing engine.
         engine = cached_model(card, CT2WhisperEngine.runtime, dev, DETECTOR_DTYPE, "language-detector",
                               lambda: CT2WhisperEngine(card, dev, DETECTOR_DTYPE, threads=1))
     except (TaskError, ImportError):
