@@ -122,6 +122,12 @@ async def _preload(service: Service, model: str) -> None:
         with service.loads.loading((model, card.tasks[0], None)):
             load_pipeline(card.tasks[0], card, card.runtime, service.settings.device, service.settings.dtype)
 
+    try:
+        # resolved off the event loop (a first resolve may hash the weights): the worker is the
+        # weights', so the card is needed to find it
+        await asyncio.to_thread(service.catalogue.card, model)
+    except TaskError:
+        pass  # the load below reports it
     worker = service.workers.get(model)
     try:
         worker.admit()
