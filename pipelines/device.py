@@ -30,26 +30,82 @@ def configure_openmp() -> None:
 
 # CTranslate2's libgomp spins this many times before it sleeps (libgomp's GOMP_SPINCOUNT; passive
 # is 0, libgomp's own default 300,000). Measured on `run bench transcribe`'s meeting, each setting
-# in a process of its own (README, "Choosing the wait policy"): 1,000 spins ran 1.44x faster than
-# passive waits on a quiet machine (2.04 vs 2.95 s) and 2 % slower beside one busy process (3.73
-# vs 3.65 s), where 10,000 already collapsed (7.19 s). Torch's libgomp stays passive: there the
-# same spin gained nothing (image, generate) or lost (classify on torch).
+# in a process of its own (README, "CTranslate2 spins briefly"): 1,000 spins ran 1.30-1.44x faster
+# than passive waits on a quiet machine (2.04 vs 2.95 s) and 2-13 % slower beside one busy process
+# (3.73 vs 3.65 s), where 10,000 already collapsed (7.19 s); so it is used only where a core is
+# free for each thread (ct2_spincount). Torch's libgomp stays passive: there the same spin gained
+# nothing (image, generate) or lost (classify on torch).
 CT2_SPINCOUNT = "1000"
 
 
+def others_running(looks: int = 5, gap_s: float = 0.002) -> int | None:
+    """How many threads of other processes are running or waiting for a core right now: the
+    kernel's count of runnable threads (/proc/loadavg's fourth field) less this process's own
+    runnable ones (an audio reader thread of this job is not a busy machine), the least of a few
+    looks ~2 ms apart (nor is a passing process). None where unknown."""
+    import time
+
+    seen = []
+    try:
+        for i in range(looks):
+            with open("/proc/loadavg") as f:
+                running = int(f.read().split()[3].split("/")[0])
+            seen.append(running - _own_running())
+            if i + 1 < looks:
+                time.sleep(gap_s)
+    except (OSError, ValueError, IndexError):
+        return None
+    return max(0, min(seen))
+
+
+def _own_running() -> int:
+    """This process's threads that are running or runnable (state R in /proc/self/task/*/stat);
+    at least 1, the one asking."""
+    n = 0
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/stat") as f:
+                stat = f.read()
+        except OSError:  # the thread ended meanwhile
+            continue
+        if stat[stat.rindex(")") + 2] == "R":  # the field after "(name)"; a name may hold spaces
+            n += 1
+    return max(1, n)
+
+
+def ct2_spincount() -> str:
+    """CTranslate2's spin count for this process: TASKRUN_CT2_SPINCOUNT when set, else
+    CT2_SPINCOUNT on a machine with a core free for each of its threads, and 0 (passive) when
+    other threads keep a core busy as it loads: there a spinning thread waits for a descheduled
+    partner (measured beside one busy process: 3.73-3.75 s against 3.31-3.65 s passive). The
+    choice is made once, when CTranslate2 loads."""
+    if os.environ.get("TASKRUN_CT2_SPINCOUNT"):
+        return os.environ["TASKRUN_CT2_SPINCOUNT"]
+    others = others_running()
+    if others is None:
+        return CT2_SPINCOUNT
+    return CT2_SPINCOUNT if others == 0 or cpu_count() - others >= cpu_threads() else "0"
+
+
+def cpu_count() -> int:
+    """The cores of the machine (not only those this process may use): what other processes share."""
+    return os.cpu_count() or 1
+
+
 def import_ctranslate2():
-    """``ctranslate2``, imported with its own libgomp spinning briefly (CT2_SPINCOUNT) while
+    """``ctranslate2``, imported with its own libgomp spinning briefly (ct2_spincount) while
     every other OpenMP runtime waits passively. libgomp reads GOMP_SPINCOUNT once, when it loads,
     and torch's libgomp reads the same variable: so it is set only for this import and removed
-    after. A GOMP_SPINCOUNT of the user's own is left alone; TASKRUN_CT2_SPINCOUNT=0 gives
-    CTranslate2 passive waits too (a machine whose cores are always busy)."""
+    after. A GOMP_SPINCOUNT of the user's own is left alone; TASKRUN_CT2_SPINCOUNT sets the count
+    (0: passive waits, as for torch)."""
     import sys
 
     if "ctranslate2" in sys.modules:
         return sys.modules["ctranslate2"]
     configure_openmp()
-    spin = os.environ.get("TASKRUN_CT2_SPINCOUNT", CT2_SPINCOUNT)
-    ours = "GOMP_SPINCOUNT" not in os.environ and spin not in ("", "0")
+    ours = "GOMP_SPINCOUNT" not in os.environ
+    spin = ct2_spincount() if ours else ""
+    ours = ours and spin not in ("", "0")
     if ours:
         os.environ["GOMP_SPINCOUNT"] = spin
     try:

@@ -173,6 +173,7 @@ def _serve(conn, payload: bytes, clock: Callable[[], float]) -> None:
     import traceback
 
     try:
+        conn.send(("ready", 0.0, None))  # booted: the parent starts no load while a worker still boots
         conn.recv()
         import cloudpickle
 
@@ -221,6 +222,14 @@ class _Workers:
                 child.close()
                 self.procs.append(p)
                 self.by_name[c.name] = p
+            for name, conn in self.conns.items():  # every worker idle before the first load: what
+                # loads sees a quiet machine, not its siblings' start-up (taskrun reads the load then)
+                try:
+                    ready = conn.poll(timeout or 600) and conn.recv()[0] == "ready"
+                except (EOFError, OSError):
+                    ready = False
+                if not ready:
+                    raise ContenderFailed(f"{name}: its worker process did not start")
         except BaseException:  # a loader that does not pickle, a process that cannot start
             self.__exit__()
             raise
