@@ -211,7 +211,7 @@ class _Workers:
         import cloudpickle
 
         ctx = multiprocessing.get_context("spawn")
-        self.conns, self.procs, self.by_name, self.timeout = {}, [], {}, timeout
+        self.conns, self.procs, self.timeout = {}, {}, timeout
         try:
             for c in contenders:
                 parent, child = ctx.Pipe()
@@ -220,8 +220,7 @@ class _Workers:
                                 name=f"bench:{c.name}")
                 p.start()
                 child.close()
-                self.procs.append(p)
-                self.by_name[c.name] = p
+                self.procs[c.name] = p
             for name, conn in self.conns.items():  # every worker idle before the first load: what
                 # loads sees a quiet machine, not its siblings' start-up (taskrun reads the load then)
                 try:
@@ -262,7 +261,7 @@ class _Workers:
         return self._ask(name, keep)
 
     def _kill(self, name: str) -> None:
-        p = self.by_name[name]
+        p = self.procs[name]
         p.kill()
         p.join()
 
@@ -275,7 +274,7 @@ class _Workers:
                 conn.send(None)
             except OSError:
                 pass
-        for p in self.procs:
+        for p in self.procs.values():
             p.join(timeout=10)
             if p.is_alive():
                 p.terminate()

@@ -145,7 +145,8 @@ Result = Generation
 class Metrics:
     input_tokens: int = metric("prompt tokens, after the chat template (all prompts)", 0)
     cached_prompt_tokens: int = metric("of input_tokens, those whose KV cache was kept from the model's "
-                                       "previous job (a shared prefix, not read again; llama.cpp)", 0)
+                                       "previous sequence, an earlier job's or an earlier prompt's of "
+                                       "this one (a shared prefix, not read again; llama.cpp)", 0)
     output_tokens: int = metric("tokens generated, the end-of-sequence token excluded", 0)
     ttft_s: float = metric("job start (load included) → first token out of the model")
     prefill_s: float = metric("forward pass over the prompt(s), to the first token's logits")

@@ -54,8 +54,7 @@ def stream(engine, ids: list[int], s: Sampling, clock: Clock, out: Decoded) -> I
     for step, token in enumerate(timed(_tokens(engine, ids, limit, s, rule), steps.append)):
         if step == 0:
             out.first_token_at, out.prefill_s = clock.now(), steps[0]
-            # engines without a prompt cache (transformers) have no such count
-            out.cached_prompt_tokens = getattr(engine, "cached_tokens", 0)
+            out.cached_prompt_tokens = engine.cached_tokens  # 0 on an engine without a prompt cache
         else:
             out.decode_s += steps[step]
             out.decode_steps = step
