@@ -63,14 +63,18 @@ Result = Summary
 @dataclass
 class Metrics:
     input_tokens: int = metric("prompt tokens over all stages (chunks, partial summaries, final)", 0)
+    cached_prompt_tokens: int = metric("of input_tokens, those whose KV cache was kept from the model's "
+                                       "previous sequence, an earlier stage's or an earlier job's (a "
+                                       "shared prefix, such as the instruction before each chunk, not "
+                                       "read again; llama.cpp)", 0)
     output_tokens: int = metric("tokens generated over all stages", 0)
     ttft_s: float = metric("job start → first token of the FINAL summary (what a user waits for)")
     prefill_s: float = metric("forward passes over all stages' prompts")
     decode_tokens_per_s: float = metric("tokens after each stage's first ÷ their decode time, all stages")
     finish_reason: str = metric("why the final summary ended: stop, length or stop_sequence", "")
     chunks: int = metric("chunks the input was split into (1: it fitted)", 0)
-    stages: list = metric("per stage: kind (map1, map2, final), chunk, input/output tokens, prefill_s, "
-                              "decode_s, decode_steps, finish_reason", None)
+    stages: list = metric("per stage: kind (map1, map2, final), chunk, input/output tokens, "
+                          "cached_prompt_tokens, prefill_s, decode_s, decode_steps, finish_reason", None)
 
 
 class SummarizeTask(Task):

@@ -401,3 +401,62 @@ def test_chat_turn_two_reuses_turn_ones_conversation(tiny):
     assert second["cached_prompt_tokens"] >= first["input_tokens"]
     assert second["cached_prompt_tokens"] < second["input_tokens"]
 
+
+
+def test_summarize_counts_the_prompt_tokens_its_stages_kept(tiny):
+    """Map-reduce on one engine: each chunk's prompt starts with the previous chunk's template and
+    instruction, which the prompt cache keeps; the metric sums the stages' own counts, and the run
+    log records it."""
+    from taskrun.pipelines.llm.llamacpp import MIN_REUSE
+    from taskrun.runner.runlog import RunLog
+
+    text = "\n\n".join(f"Paragraph {i}. The meeting decided to ship the release on Friday. Alice owns "
+                       f"the budget; Bob owns testing." for i in range(30))
+    r = CliRunner().invoke(main, ["summarize", text, "--model", tiny, "--max-tokens", "8", "--context", "160",
+                                  "--json", "-q"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    m = out["metrics"]
+    maps = [s for s in m["stages"] if s["stage"] == "map1"]
+    assert len(maps) > 1 and all(s["cached_prompt_tokens"] >= MIN_REUSE for s in maps[1:])
+    assert all(s["cached_prompt_tokens"] < s["input_tokens"] for s in m["stages"])
+    assert m["cached_prompt_tokens"] == sum(s["cached_prompt_tokens"] for s in m["stages"])
+    assert 0 < m["cached_prompt_tokens"] < m["input_tokens"]
+    logged = RunLog().get(out["id"])["metrics"]
+    assert logged["cached_prompt_tokens"] == m["cached_prompt_tokens"]
+
+
+@pytest.mark.parametrize("others, load, threads", [
+    (0, 9.0, 2),  # nobody else runnable now, though a minute's load average remembers a busy machine
+    (1, 0.0, 1),  # a neighbour that just started: the load average does not know it yet
+    (5, 0.0, 1),  # never fewer than one
+    (None, 0.2, 2),  # no /proc/loadavg: the load average, this process's own thread in it
+    (None, 2.0, 1),
+])
+def test_prompt_threads_leave_the_cores_other_processes_run_on_now(monkeypatch, others, load, threads):
+    from taskrun.pipelines import device
+    from taskrun.pipelines.llm.llamacpp_native import prompt_threads
+
+    monkeypatch.delenv("TASKRUN_THREADS", raising=False)
+    monkeypatch.setattr(device, "cpu_threads", lambda: 2)
+    monkeypatch.setattr(device, "cpu_count", lambda: 2)
+    monkeypatch.setattr(device, "others_running", lambda **kw: others)
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    assert prompt_threads() == threads
+
+
+def test_prompt_threads_count_free_cores_of_the_whole_machine(monkeypatch):
+    """Others running on cores outside this process's affinity leave its own cores free;
+    TASKRUN_THREADS overrides the count."""
+    from taskrun.pipelines import device
+    from taskrun.pipelines.llm.llamacpp_native import prompt_threads
+
+    monkeypatch.setattr(device, "cpu_count", lambda: 16)
+    monkeypatch.setattr(device, "others_running", lambda **kw: 14)
+    monkeypatch.setenv("TASKRUN_THREADS", "3")  # the override, however busy the machine is
+    assert prompt_threads() == 3
+    monkeypatch.delenv("TASKRUN_THREADS")
+    monkeypatch.setattr(device, "cpu_threads", lambda: 4)
+    assert prompt_threads() == 2
+    monkeypatch.setattr(device, "others_running", lambda **kw: 3)
+    assert prompt_threads() == 4

@@ -92,15 +92,24 @@ def prompt_threads() -> int:
 
     ggml's worker threads meet at a spinning barrier after every operation; when another process
     holds one of the cores, each barrier waits for a descheduled thread. Measured on 2 cores beside
-    busy neighbours (load ~9): 2 threads read a 120-token prompt 3-8x slower than 1 thread."""
-    from taskrun.pipelines.device import cpu_threads
+    busy neighbours (load ~9): 2 threads read a 120-token prompt 3-8x slower than 1 thread.
+
+    "Right now" is pipelines/device.py's others_running: the threads of other processes the
+    kernel counts runnable at this moment, the least of three looks 1 ms apart (it is asked before
+    every prompt read, so ~2 ms, not the default ~8). The machine's cores less those is what is
+    free. The 1-minute load average, used only where that count is unknown, lags: a neighbour that
+    stopped 30 s ago still counts in it, one that just started does not. Neither known: every core."""
+    from taskrun.pipelines.device import cpu_count, cpu_threads, others_running
 
     cores = cpu_threads()
     if os.environ.get("TASKRUN_THREADS"):
         return cores
+    others = others_running(looks=3, gap_s=0.001)
+    if others is not None:
+        return max(1, min(cores, cpu_count() - others))
     try:
-        busy = os.getloadavg()[0]
-    except OSError:
+        busy = os.getloadavg()[0]  # this process's own thread included, hence the + 1
+    except (OSError, AttributeError):  # unknown, or not on this platform
         return cores
     return max(1, min(cores, cores - int(busy + 0.5) + 1))
 

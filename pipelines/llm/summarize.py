@@ -43,6 +43,7 @@ class SummarizePipeline(LLMPipeline):
         t_dec = sum(st["decode_s"] for st in stages)
         yield ev.Done(Metrics(
             input_tokens=sum(st["input_tokens"] for st in stages),
+            cached_prompt_tokens=sum(st["cached_prompt_tokens"] for st in stages),
             output_tokens=sum(st["output_tokens"] for st in stages),
             ttft_s=(last.first_token_at or 0.0) if last else 0.0,
             prefill_s=sum(st["prefill_s"] for st in stages),
@@ -108,6 +109,7 @@ class SummarizePipeline(LLMPipeline):
 
 def _stage(kind: str, chunk: int, input_tokens: int, out: Decoded) -> dict:
     return {"stage": kind, "chunk": chunk, "input_tokens": input_tokens, "output_tokens": len(out.token_ids),
+            "cached_prompt_tokens": out.cached_prompt_tokens,
             "prefill_s": round(out.prefill_s, 4), "decode_s": round(out.decode_s, 4),
             "decode_steps": out.decode_steps,
             "finish_reason": out.finish_reason}

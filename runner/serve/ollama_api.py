@@ -129,11 +129,19 @@ def now() -> str:
 
 
 def durations(rec, total_s: float) -> dict:
-    """Ollama's timing fields in nanoseconds. eval_duration is first token → last (wall − ttft)."""
+    """Ollama's timing fields in nanoseconds. eval_duration is first token → last (wall − ttft).
+
+    The prompt counts as Ollama documents them (docs.ollama.com/api/usage):
+    prompt_eval_count is the whole prompt, prompt_eval_cached_count those of its tokens read
+    from the prompt cache (generate's cached_prompt_tokens), prompt_eval_duration the time
+    spent on the rest. A prompt identical to the last one read counts as cached whole: its
+    logits are replayed, where Ollama reads the last token again and counts it as evaluated."""
     m = rec.metrics
     out = {"total_duration": int(total_s * NS), "load_duration": int(rec.load_s * NS)}
     if m is not None and hasattr(m, "prefill_s"):
-        out.update(prompt_eval_count=m.input_tokens, prompt_eval_duration=int(m.prefill_s * NS),
+        out.update(prompt_eval_count=m.input_tokens,
+                   prompt_eval_cached_count=int(getattr(m, "cached_prompt_tokens", 0) or 0),
+                   prompt_eval_duration=int(m.prefill_s * NS),
                    eval_count=m.output_tokens, eval_duration=int(max(0.0, rec.wall_s - m.ttft_s) * NS))
     elif m is not None and hasattr(m, "input_tokens"):
         out["prompt_eval_count"] = sum(r.tokens for r in rec.results)
