@@ -97,9 +97,11 @@ def decode_side() -> int:
     return side
 
 
-def load_image(path: str | Path, max_side: int | None = None) -> Any:
+def load_image(path: str | Path, max_side: int | None = None, fit: int | None = None) -> Any:
     """An upright RGB ``PIL.Image`` for ``path``, at most ``max_side`` (default: decode_side())
-    pixels on its longest side.
+    pixels on its longest side, and, with ``fit``, reduced further as long as both sides stay at
+    least ``fit`` pixels: for a model that squeezes the whole picture to fit×fit, whatever is
+    decoded beyond that is averaged away by its own resize.
 
     Handles greyscale, palette (with or without transparency), RGBA, CMYK and 16-bit files;
     applies the EXIF orientation, so a phone photo taken sideways is read the way it is shown.
@@ -122,11 +124,17 @@ def load_image(path: str | Path, max_side: int | None = None) -> Any:
     side = max_side or decode_side()
     stored = img.size
     try:
-        if max(stored) > side and img.format == "JPEG":
+        if img.format == "JPEG":
             k = side / max(stored)
-            img.draft(None, (max(1, int(stored[0] * k)), max(1, int(stored[1] * k))))
+            if fit and min(stored) >= 2 * fit and min(stored) * k >= fit:
+                # Decoded straight at the smallest of the decoder's 1/2-1/8 scales that keeps
+                # both sides >= fit: a 12-megapixel phone photo for a 224 model decodes at
+                # 504x378 (15 ms instead of 275 ms through the longest-side cap alone).
+                img.draft(None, (fit, fit))
+            elif k < 1:
+                img.draft(None, (max(1, int(stored[0] * k)), max(1, int(stored[1] * k))))
         img.load()
-        img = _shrink(img, side)
+        img = _shrink(img, side, fit)
     except OSError as exc:  # "image file is truncated", broken streams
         raise TaskError(f"{p} is damaged or cut short ({exc}); re-export or re-download it") from None
     except Exception as exc:  # decoders raise SyntaxError, ValueError... for corrupt data
@@ -143,22 +151,35 @@ def load_image(path: str | Path, max_side: int | None = None) -> Any:
     return img
 
 
-def _shrink(img: Any, side: int) -> Any:
+def _shrink(img: Any, side: int, fit: int | None = None) -> Any:
     """``img`` with its longest side at most ``side``: an integer box reduction first (cheap, and
-    a fair average of every pixel), then a Lanczos resize to the exact size."""
+    a fair average of every pixel), then a Lanczos resize to the exact size. With ``fit``, the
+    box reduction also goes as far as keeps both sides >= fit, and the Lanczos step is left to
+    the model's own resize."""
     from PIL import Image
 
+    if fit and min(img.size) >= 2 * fit:
+        img = _reducible(img)
+        img = img.reduce(max(min(img.size) // fit, -(-max(img.size) // side)))
+        if min(img.size) >= fit:
+            return img
     if max(img.size) <= side:
         return img
-    if img.mode in ("P", "1") or img.mode.startswith("I;16"):  # modes resize cannot filter
-        wide = "RGBA" if "transparency" in img.info else "RGB"
-        img = img.convert({"P": wide, "1": "L"}.get(img.mode, "I"))
+    img = _reducible(img)
     factor = max(img.size) // side
     if factor >= 2:
         img = img.reduce(factor)
     if max(img.size) > side:
         k = side / max(img.size)
         img = img.resize((max(1, round(img.width * k)), max(1, round(img.height * k))), Image.LANCZOS)
+    return img
+
+
+def _reducible(img: Any) -> Any:
+    """``img`` in a mode PIL's reduce and resize can filter (palette, 1-bit and 16-bit cannot)."""
+    if img.mode in ("P", "1") or img.mode.startswith("I;16"):
+        wide = "RGBA" if "transparency" in img.info else "RGB"
+        img = img.convert({"P": wide, "1": "L"}.get(img.mode, "I"))
     return img
 
 
@@ -220,17 +241,17 @@ def _wide_to_rgb(img: Any) -> Any:
     return grey.convert("RGB")
 
 
-def load_images(inputs: list, start: int = 0) -> tuple[list[tuple[int, Any]], list[Any]]:
+def load_images(inputs: list, start: int = 0, fit: int | None = None) -> tuple[list[tuple[int, Any]], list[Any]]:
     """Load a batch: ([(index, RGB image)], [ItemError]) — one bad file does not stop the rest.
 
-    ``start`` offsets the indexes, for a chunk of a larger batch.
+    ``start`` offsets the indexes, for a chunk of a larger batch; ``fit`` as in load_image.
     """
     from taskrun.tasks import events as ev
 
     good, bad = [], []
     for j, inp in enumerate(inputs):
         try:
-            good.append((start + j, load_image(inp.path)))
+            good.append((start + j, load_image(inp.path, fit=fit)))
         except TaskError as exc:
             bad.append(ev.ItemError(start + j, inp.describe(), str(exc)))
         except Exception as exc:  # a decoder or converter failing in a way not foreseen above

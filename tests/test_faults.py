@@ -218,6 +218,26 @@ def test_large_images_are_decoded_at_what_the_models_use(name, tmp_path):
     assert img.width * sx == pytest.approx(4500) and img.height * sy == pytest.approx(2700)
 
 
+@pytest.mark.parametrize("name", list(GOOD_LARGE))
+def test_a_model_that_squeezes_to_fit_gets_the_smallest_decode_that_covers_it(name, tmp_path):
+    """classify squeezes the whole picture to 224x224: both sides stay >= 224, and no side is
+    twice what a coarser step would have left (JPEG: the decoder's 1/8 scale; others: a box
+    reduction), so a phone photo is not decoded at 2048 pixels only to be averaged away."""
+    mode, fmt = GOOD_LARGE[name]
+    path = tmp_path / f"{name}.img"
+    path.write_bytes(_png(mode, (4500, 2700), format=fmt))
+    img = load_image(path, fit=224)
+    assert img.mode == "RGB" and 224 <= min(img.size) < 2 * 224, img.size
+    assert img.width / img.height == pytest.approx(5 / 3, rel=0.01)
+    if fmt == "JPEG":
+        assert img.size == (563, 338)  # 1/8 scale, straight from the decoder
+    sx, sy = original_scale(img)
+    assert img.width * sx == pytest.approx(4500) and img.height * sy == pytest.approx(2700)
+    small = tmp_path / f"small.{fmt.lower()}"  # under twice the fit: decoded whole, as before
+    small.write_bytes(_png("RGB", (400, 300), format=fmt))
+    assert load_image(small, fit=224).size == (400, 300)
+
+
 def test_boxes_found_on_a_reduced_decode_come_back_in_original_pixels(tmp_path):
     from taskrun.tasks.detect import Box, Result, annotate
     from taskrun.tasks.image_files import to_original

@@ -213,6 +213,34 @@ def test_boxes_come_back_in_original_pixels(tiny_dir, pics, builder):
     assert out["metrics"]["items"] == 3
 
 
+@pytest.mark.parametrize("task, builder", [("classify", build_vit), ("detect", build_detr)], ids=["vit", "detr"])
+def test_a_large_photo_is_decoded_no_larger_than_the_processor_resizes_to(tiny_dir, tmp_path, monkeypatch,
+                                                                          task, builder):
+    """The transformers runtimes ask for their processor's size as the decode's fit (ViT's
+    32x32, DETR's shortest edge 32 here): a 2000x1500 JPEG is decoded at a reduced scale, and
+    detect's boxes still come back in the original's pixels."""
+    import taskrun.tasks.image_files as image_files
+
+    photo = tmp_path / "photo.jpg"
+    Image.new("RGB", (2000, 1500), (90, 140, 200)).save(photo, quality=90)
+    decoded = []
+    load = image_files.load_image
+
+    def spy(path, max_side=None, fit=None):
+        img = load(path, max_side, fit)
+        decoded.append((fit, img.size))
+        return img
+    monkeypatch.setattr(image_files, "load_image", spy)
+    out = job(task, photo, "-m", builder(tiny_dir))
+    assert out["metrics"]["items"] == 1
+    (fit, size), = decoded
+    assert fit == 32 and 32 <= min(size) < 64, decoded
+    if task == "detect":
+        res = out["items"][0]["result"]
+        assert (res["width"], res["height"]) == (2000, 1500) and res["boxes"]
+        assert max(b["x1"] for b in res["boxes"]) > 100  # on the original's scale, not the 50 px decode
+
+
 def test_yolos_batches_of_mixed_sizes_equal_one_at_a_time(tiny_dir, pics):
     """YOLOS has no pixel mask: padding a mixed-size batch would change its boxes, so the pipeline
     batches it by size. Random heads make the boxes depend on the pixels."""

@@ -52,6 +52,32 @@ def test_onnxruntime_is_the_default_and_gives_torch_float32_scores(tiny):
     assert ort["metrics"]["items"] == 3
 
 
+def test_a_large_photo_is_decoded_only_as_large_as_the_model_squeezes_it(tiny, tmp_path, monkeypatch):
+    """The EfficientNet pipelines ask for their input size as the decode's fit, so a large JPEG
+    is decoded at a reduced scale (not at 2048 pixels), on either runtime."""
+    from PIL import Image
+
+    import taskrun.tasks.image_files as image_files
+
+    model, _ = tiny
+    photo = tmp_path / "photo.jpg"
+    Image.new("RGB", (2000, 1500), (90, 140, 200)).save(photo, quality=90)
+    decoded = []
+    load = image_files.load_image
+
+    def spy(path, max_side=None, fit=None):
+        img = load(path, max_side, fit)
+        decoded.append((fit, img.size))
+        return img
+    monkeypatch.setattr(image_files, "load_image", spy)
+    for runtime in ("onnxruntime", "torch"):
+        out = job("classify", photo, "--model", model, "-k", "1", "--runtime", runtime)
+        assert out["items"][0]["result"]["labels"] and out["runtime"] == runtime
+    size = 224  # build_efficientnet's Lite0 input size
+    assert [fit for fit, _ in decoded] == [size, size]
+    assert all(size <= min(wh) < 2 * size for _, wh in decoded), decoded
+
+
 def test_a_cache_that_cannot_be_written_still_classifies_from_a_temporary_export(tiny, monkeypatch):
     import glob
     import tempfile

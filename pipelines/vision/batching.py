@@ -32,17 +32,19 @@ class TorchVision(Base):
 
 
 def measured_run(inputs: list, batch_size: int, process: Process, clock: Clock, scope: str,
-                 Metrics: type, prepare: Callable[[Any], Any] | None = None, workers: int = 1) -> Iterator[Any]:
+                 Metrics: type, prepare: Callable[[Any], Any] | None = None, workers: int = 1,
+                 fit: int | None = None) -> Iterator[Any]:
     """run_batches, then ``Done`` with items, items_per_s and latency_s of the pipeline's own
     work; that same time is added to ``clock`` under ``scope``."""
     stats: dict = {}
-    yield from run_batches(inputs, batch_size, process, stats, prepare, workers)
+    yield from run_batches(inputs, batch_size, process, stats, prepare, workers, fit)
     clock.add(scope, stats["seconds"])
     yield ev.Done(rate_metrics(Metrics, stats))
 
 
 def run_batches(inputs: list, batch_size: int, process: Process, stats: dict,
-                prepare: Callable[[Any], Any] | None = None, workers: int = 1) -> Iterator[Any]:
+                prepare: Callable[[Any], Any] | None = None, workers: int = 1,
+                fit: int | None = None) -> Iterator[Any]:
     """Decode and process ``inputs`` ``batch_size`` at a time, yielding Item / ItemError / Progress
     in input order.
 
@@ -54,6 +56,8 @@ def run_batches(inputs: list, batch_size: int, process: Process, stats: dict,
     several threads at once, each on its own share of the cores), that many batches are in
     flight together, each decoded image by image on a pool of one thread per core: no core waits
     for the others at a barrier, so decoding fills the gaps instead of stalling the model.
+    ``fit``: the model squeezes each whole picture to fit×fit, so files are decoded no larger
+    than that needs (tasks/image_files.load_image).
     ``stats`` receives ``items`` (finished) and ``seconds`` (decode + preprocess + forward +
     postprocess).
     """
@@ -61,9 +65,12 @@ def run_batches(inputs: list, batch_size: int, process: Process, stats: dict,
     starts = list(range(0, total, batch_size))
     batches = _parallel_batches if workers > 1 else _prefetched_batches
 
+    def load(start: int, size: int) -> tuple[list, list]:
+        return _load_batch(inputs, start, size, prepare, fit)
+
     def work() -> Iterator[Any]:
         nonlocal ok
-        for start, bad, outs in batches(inputs, starts, batch_size, process, prepare, workers):
+        for start, bad, outs in batches(inputs, starts, batch_size, process, load, workers):
             yield from bad
             for out in outs:
                 if isinstance(out, ev.ItemError):
@@ -80,7 +87,7 @@ def run_batches(inputs: list, batch_size: int, process: Process, stats: dict,
     stats["items"] = ok
 
 
-def _prefetched_batches(inputs, starts, size, process, prepare, workers):
+def _prefetched_batches(inputs, starts, size, process, load, workers):
     """(start, errors, outputs) per batch: the model on this thread, the next batch decoding
     meanwhile, image by image on a pool of one thread per core."""
     from concurrent.futures import ThreadPoolExecutor
@@ -88,16 +95,16 @@ def _prefetched_batches(inputs, starts, size, process, prepare, workers):
     from taskrun.pipelines.device import cpu_threads
 
     with ThreadPoolExecutor(max_workers=cpu_threads(), thread_name_prefix="taskrun-decode") as pool:
-        pending = _submit_batch(pool, inputs, starts[0], size, prepare) if starts else None
+        pending = _submit_batch(pool, load, starts[0], size, len(inputs)) if starts else None
         for k, start in enumerate(starts):
             good, bad = _gather(pending)
             if k + 1 < len(starts):
-                pending = _submit_batch(pool, inputs, starts[k + 1], size, prepare)
+                pending = _submit_batch(pool, load, starts[k + 1], size, len(inputs))
             yield start, bad, _guarded(process, good, inputs) if good else []
 
 
-def _submit_batch(pool, inputs, start, size, prepare) -> list:
-    return [pool.submit(_load_batch, inputs, i, 1, prepare) for i in range(start, min(start + size, len(inputs)))]
+def _submit_batch(pool, load, start, size, total) -> list:
+    return [pool.submit(load, i, 1) for i in range(start, min(start + size, total))]
 
 
 def _gather(parts: list) -> tuple[list, list]:
@@ -109,7 +116,7 @@ def _gather(parts: list) -> tuple[list, list]:
     return good, bad
 
 
-def _parallel_batches(inputs, starts, size, process, prepare, workers):
+def _parallel_batches(inputs, starts, size, process, load, workers):
     """(start, errors, outputs) per batch, in order, with ``workers`` batches in flight at once
     (at most ``workers`` + 1 decoded ahead, so a long folder is never held in memory whole)."""
     from concurrent.futures import ThreadPoolExecutor
@@ -124,9 +131,9 @@ def _parallel_batches(inputs, starts, size, process, prepare, workers):
 
     def one_batch(start):
         if decode is None:
-            good, bad = _load_batch(inputs, start, size, prepare)
+            good, bad = load(start, size)
         else:
-            good, bad = _gather(_submit_batch(decode, inputs, start, size, prepare))
+            good, bad = _gather(_submit_batch(decode, load, start, size, len(inputs)))
         return start, bad, _guarded(process, good, inputs) if good else []
 
     pending: list = []
@@ -145,9 +152,10 @@ def _parallel_batches(inputs, starts, size, process, prepare, workers):
             decode.shutdown(wait=True)
 
 
-def _load_batch(inputs: list, start: int, size: int, prepare: Callable[[Any], Any] | None):
+def _load_batch(inputs: list, start: int, size: int, prepare: Callable[[Any], Any] | None,
+                fit: int | None = None):
     """([(index, image or prepared array)], [ItemError]) for inputs[start:start + size]."""
-    good, bad = load_images(inputs[start:start + size], start)
+    good, bad = load_images(inputs[start:start + size], start, fit)
     if prepare is None:
         return good, bad
     prepared = []

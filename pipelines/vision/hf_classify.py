@@ -6,7 +6,7 @@ dispatches image models here and records the metrics.
 from __future__ import annotations
 
 from taskrun.pipelines.vision.batching import run_batches
-from taskrun.pipelines.vision.hf_vision import load_hf_vision
+from taskrun.pipelines.vision.hf_vision import load_hf_vision, processor_fit
 from taskrun.pipelines.vision.labels import label_batch
 
 
@@ -20,7 +20,8 @@ class ImageClassifier:
     def run(self, inputs, options):
         """Item / ItemError / Progress events, one result per input index."""
         stats: dict = {}
-        yield from run_batches(inputs, options.batch_size, lambda batch: self._batch(batch, inputs, options), stats)
+        yield from run_batches(inputs, options.batch_size, lambda batch: self._batch(batch, inputs, options), stats,
+                               fit=processor_fit(self.processor))
 
     def _batch(self, batch, inputs, options):
         enc = self.processor(images=[img for _, img in batch], return_tensors="pt")

@@ -11,7 +11,7 @@ import inspect
 
 from taskrun.pipelines.base import Pipeline as Base
 from taskrun.pipelines.vision.batching import annotate_item, measured_run
-from taskrun.pipelines.vision.hf_vision import load_hf_vision
+from taskrun.pipelines.vision.hf_vision import load_hf_vision, processor_fit
 from taskrun.tasks.base import TaskError
 from taskrun.tasks.detect import Box, Metrics, Result
 from taskrun.tasks.image_files import to_original
@@ -72,7 +72,11 @@ class DetectPipeline(Base):
                 for index, image, result in self._detect(group, inputs, options):
                     yield annotate_item(index, image, to_original(result, image), options, several, inputs)
 
-        yield from measured_run(inputs, options.batch_size, process, clock, "detect", Metrics)
+        # fit: decoded no larger than the processor's own resize keeps (DETR: shortest edge 800),
+        # the boxes mapped back to the original's pixels all the same; --annotate draws on the
+        # picture as decoded, so it keeps the usual decode (as `run --remote` draws on its own)
+        fit = None if options.annotate else processor_fit(self.processor)
+        yield from measured_run(inputs, options.batch_size, process, clock, "detect", Metrics, fit=fit)
 
 
 def _clip(box, width, height):

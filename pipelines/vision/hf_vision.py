@@ -46,3 +46,24 @@ def load_hf_vision(card, device: str, dtype: str, auto_class: str, role: str,
                          lambda: auto.from_pretrained(card.path, dtype=torch_dtype).to(device).eval())
     id2label = {int(k): v for k, v in (model.config.id2label or {}).items()}
     return HFVision(torch_dtype, dtype, processor, model, id2label)
+
+
+def processor_fit(processor: Any) -> int | None:
+    """The least both sides of a picture need to be for ``processor``'s own resize to lose
+    nothing (tasks/image_files.load_image's ``fit``): a fixed height×width is squeezed to (ViT),
+    or a shortest edge (ResNet, DETR; divided by ConvNeXt's crop_pct, which resizes past it
+    before cropping). None, so the picture is decoded as it is, for a processor that does not
+    resize or whose size this does not know."""
+    size = getattr(processor, "size", None)
+    if size is None or not getattr(processor, "do_resize", True):
+        return None
+
+    def get(key: str):  # a plain dict in older transformers, a SizeDict in newer
+        return size.get(key) if isinstance(size, dict) else getattr(size, key, None)
+
+    if get("height") and get("width"):
+        return int(max(get("height"), get("width")))
+    if get("shortest_edge"):
+        crop = getattr(processor, "crop_pct", None) or 1.0
+        return int(-(-get("shortest_edge") // min(crop, 1.0)))
+    return None
