@@ -8,6 +8,7 @@ and the pipeline has checked that accuracy holds.
 from __future__ import annotations
 
 import os
+import sys
 from contextlib import contextmanager
 
 from taskrun.tasks.base import TaskError
@@ -155,9 +156,13 @@ def cpu_threads() -> int:
 
 @contextmanager
 def torch_threads(n: int | None):
-    """Run a block with ``n`` intra-op threads (None or 0: leave torch's setting), then restore it."""
-    import torch
-
+    """Run a block with ``n`` intra-op threads (None or 0: leave torch's setting), then restore it.
+    Where torch is not loaded (a greedy decode on llama.cpp) there is nothing to set, and it is
+    not imported for this (~2 s)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        yield
+        return
     before = torch.get_num_threads()
     switch = bool(n) and n != before
     if switch:

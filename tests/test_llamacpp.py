@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -95,10 +96,10 @@ def test_same_tokens_and_template_as_transformers(llm, hf):
     ids = hf.prompt_ids(contract.PROMPT, system="Be brief.", history=(("user", "Hi"), ("assistant", "Hello")))
     assert llm.prompt_ids(contract.PROMPT, system="Be brief.", history=(("user", "Hi"), ("assistant", "Hello"))) == ids
     assert llm.prompt_ids("x", raw=True, prefix="{") == hf.prompt_ids("x", raw=True, prefix="{")
-    a, b = llm.prefill(ids, room=8), hf.prefill(ids, room=8)
+    a, b = torch.as_tensor(llm.prefill(ids, room=8)), hf.prefill(ids, room=8)  # numpy from llama.cpp
     assert torch.allclose(a, b, atol=2e-2), (a - b).abs().max()  # llama.cpp's KV cache is float16
     for tok in (5, 17, 42):
-        a, b = llm.decode_step(tok), hf.decode_step(tok)
+        a, b = torch.as_tensor(llm.decode_step(tok)), hf.decode_step(tok)
         assert torch.allclose(a, b, atol=2e-2), (a - b).abs().max()
     llm.free(), hf.free()
     llm.eos = hf.eos = set()
@@ -141,6 +142,25 @@ def test_nothing_reaches_stderr_under_quiet(tiny, tmp_path):
     assert r.returncode == 0, r.stderr
     noise = [x for x in r.stderr.splitlines() if x and not x.startswith("[cut: ")]  # taskrun's own notice
     assert noise == [] and r.stdout.strip(), r.stderr
+
+
+def test_greedy_jobs_on_llama_cpp_never_import_torch(tiny, tmp_path):
+    """llama.cpp hands the decode loop numpy logits and greedy decoding stays in numpy, so a
+    `run generate` on it (also held to a JSON schema) never imports torch: ~2 s of a cold
+    start. A sampled draw may (it goes through torch, so that a seed means the same draw on
+    every engine)."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TASKRUN_CACHE_DIR=str(tmp_path / "cache"))
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}},
+                                  "required": ["ok"]}))
+    code = ("import sys\nfrom taskrun.runner.cli import main\n"
+            "try:\n    main(sys.argv[1:], standalone_mode=False)\n"
+            "finally:\n    print('torch imported:', 'torch' in sys.modules, file=sys.stderr)\n")
+    for extra in ([], ["--json-schema", str(schema), "--max-tokens", "24"], ["--repeat-penalty", "1.3"]):
+        r = subprocess.run([sys.executable, "-c", code, "generate", "hi", "--model", tiny, "--max-tokens", "4",
+                            "-q", *extra], capture_output=True, text=True, env=env, timeout=120)
+        assert r.returncode == 0 and r.stdout.strip(), r.stderr
+        assert "torch imported: False" in r.stderr, (extra, r.stderr)
 
 
 def test_a_broken_gguf_is_a_clear_error(tiny, tmp_path):
@@ -203,7 +223,7 @@ def test_prompts_read_from_a_float16_copy_and_decode_from_the_4bit_file(tiny_q4,
     for a, b in zip(with_copy, without):
         assert int(a.argmax()) == int(b.argmax())
         # a lost KV cache would give cosine ~0.5
-        assert float(torch.nn.functional.cosine_similarity(a, b, dim=0)) > 0.99
+        assert float(torch.nn.functional.cosine_similarity(torch.as_tensor(a), torch.as_tensor(b), dim=0)) > 0.99
     monkeypatch.setenv("TASKRUN_PROMPT_COPY", "0")
     fresh = LlamaCppEngine(llm.lib, llm.native, {"general.file_type": 3}, card.digest)
     assert not fresh._copy_wanted
@@ -266,7 +286,6 @@ def _shared(a, b):
 def test_a_prompt_extending_the_last_job_reads_only_its_new_tokens(llm, monkeypatch):
     """Chat turn 2: the conversation so far stays in the KV cache; only the new tokens are read, and
     the answer is the one a cold engine gives (float32 weights: same logits to rounding)."""
-    import torch
 
     llm.eos = set()
     first, _ = contract._decode(llm, llm.prompt_ids(contract.PROMPT), max_tokens=8)
@@ -282,7 +301,7 @@ def test_a_prompt_extending_the_last_job_reads_only_its_new_tokens(llm, monkeypa
     cold, _ = contract._decode(llm, ids, max_tokens=8)
     assert cold.cached_prompt_tokens == 0 and warm.cached_prompt_tokens == len(ids)
     # measured up to 1.3e-3: the answer's KV written a step at a time, not in one batch (float16 cache)
-    assert torch.allclose(warm_logits, cold_logits, atol=1e-2), (warm_logits - cold_logits).abs().max()
+    assert np.allclose(warm_logits, cold_logits, atol=1e-2), np.abs(warm_logits - cold_logits).max()
     assert warm.token_ids == cold.token_ids
 
 
@@ -305,7 +324,6 @@ def test_a_shared_prefix_shorter_than_min_reuse_is_read_again(llm):
 
 
 def test_an_identical_prompt_gives_the_first_reads_logits_bit_for_bit(llm):
-    import torch
 
     ids = llm.prompt_ids(contract.PROMPT)
     runs = []
@@ -314,7 +332,7 @@ def test_an_identical_prompt_gives_the_first_reads_logits_bit_for_bit(llm):
         llm.free()
     assert llm.cached_tokens == len(ids) and llm.native.tokens == ids + [5, 17]
     for a, b in zip(*runs):
-        assert torch.equal(a, b)
+        assert np.array_equal(a, b)
 
 
 def test_the_prompt_cache_is_off_with_taskrun_prompt_cache_0(llm, monkeypatch):
@@ -342,7 +360,6 @@ def test_a_context_regrown_by_ensure_starts_empty(llm):
 def test_kv_left_by_an_interrupted_step_is_cut_before_the_next_prompt(llm, monkeypatch):
     """Ctrl-C between llama_decode and the bookkeeping leaves a position the token list lacks: the
     next prompt still lands right after the kept prefix (the logits a cold read gives)."""
-    import torch
 
     ids = llm.prompt_ids(contract.PROMPT)
     llm.prefill(ids, room=8)
@@ -353,7 +370,7 @@ def test_kv_left_by_an_interrupted_step_is_cut_before_the_next_prompt(llm, monke
     assert llm.cached_tokens == len(ids)
     monkeypatch.setenv("TASKRUN_PROMPT_CACHE", "0")
     cold = llm.prefill(more, room=8)
-    assert torch.allclose(warm, cold, atol=1e-2), (warm - cold).abs().max()
+    assert np.allclose(warm, cold, atol=1e-2), np.abs(warm - cold).max()
 
 
 def test_engine_copies_share_one_view_of_the_cache(llm):

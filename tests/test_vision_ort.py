@@ -78,6 +78,24 @@ def test_a_large_photo_is_decoded_only_as_large_as_the_model_squeezes_it(tiny, t
     assert all(size <= min(wh) < 2 * size for _, wh in decoded), decoded
 
 
+def test_once_exported_a_classify_job_never_imports_torch(tiny):
+    """The export needs torch once; after it a job on ONNX Runtime runs without it, the runner's
+    inference mode included (importing torch cost a cold `run classify` ~1.4 s of its 1.8 s)."""
+    import os
+    import subprocess
+    import sys
+
+    model, pics = tiny
+    assert job("classify", pics[0], "--model", model, "-k", "1")["runtime"] == "onnxruntime"  # exports
+    code = ("import sys\nfrom taskrun.runner.cli import main\n"
+            "try:\n    main(sys.argv[1:], standalone_mode=False)\n"
+            "finally:\n    print('torch imported:', 'torch' in sys.modules, file=sys.stderr)\n")
+    r = subprocess.run([sys.executable, "-c", code, "classify", str(pics[0]), "--model", model, "-k", "1", "-q"],
+                       capture_output=True, text=True, env=dict(os.environ), timeout=120)
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    assert "torch imported: False" in r.stderr, r.stderr
+
+
 def test_a_cache_that_cannot_be_written_still_classifies_from_a_temporary_export(tiny, monkeypatch):
     import glob
     import tempfile

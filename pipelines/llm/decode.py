@@ -109,7 +109,7 @@ def _tokens(engine, ids: list[int], limit: int, s: Sampling, rule=None) -> Itera
     ``rule`` (grammar.Constraint) each draw is masked by it and advances it."""
     if limit <= 0:
         return
-    gen = generator(s.seed)
+    gen = generator(s.seed) if s.temperature > 0 else None  # greedy draws nothing (and needs no torch)
     try:
         logits = engine.prefill(ids, room=limit)
         history: list[int] = []

@@ -5,8 +5,9 @@ An engine is a loaded model with its tokenizer, driven one forward pass at a tim
 reads a prompt into a fresh KV state and returns the logits of its last position; ``decode_step``
 appends one token and returns the next logits; ``free`` drops the KV state. The decode loop
 (pipelines/llm/decode.py: sampling, stop sequences, timing) and the task logic (generate.py,
-summarize.py, schema.py) are written once above it. Logits are 1-D torch tensors over the
-vocabulary, so one sampler (pipelines/llm/sampling.py) serves every engine.
+summarize.py, schema.py) are written once above it. Logits are 1-D float arrays over the
+vocabulary, torch tensors or numpy arrays (llama.cpp's, so that its jobs never import torch), and
+one sampler (pipelines/llm/sampling.py) serves every engine.
 
 Adding a runtime (llama.cpp, ONNX Runtime, ...) is one module with a subclass of ``LLMEngine``
 and its rows in the RUNTIMES table of pipelines/__init__.py, e.g.
@@ -126,7 +127,7 @@ class LLMEngine(ABC):
         logits, total = self.prefill(ids, room=len(continuation)), 0.0
         try:
             for i, tok in enumerate(continuation):
-                total += float(torch.log_softmax(logits.float(), -1)[tok])
+                total += float(torch.log_softmax(torch.as_tensor(logits).float(), -1)[tok])
                 if i + 1 < len(continuation):
                     logits = self.decode_step(tok)
         finally:

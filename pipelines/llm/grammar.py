@@ -61,10 +61,9 @@ class Constraint:
         self._check()
 
     def allowed(self):
-        """A bool tensor over the vocabulary: True where the token keeps the text in the grammar
-        (end-of-sequence ids only where the text is complete)."""
+        """A bool numpy array over the vocabulary: True where the token keeps the text in the
+        grammar (end-of-sequence ids only where the text is complete)."""
         import numpy as np
-        import torch
 
         bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
         self._check()
@@ -72,7 +71,7 @@ class Constraint:
         if not flags.any():
             raise TaskError("the grammar allows no token here: the model's vocabulary cannot "
                             "write what the schema requires; simplify the schema")
-        return torch.from_numpy(flags)
+        return flags
 
     def advance(self, token: int) -> None:
         """Move past the drawn ``token`` (one ``allowed()`` permitted)."""

@@ -1,7 +1,10 @@
 """Choosing the next token from an engine's logits: greedy, or temperature → top-k → top-p → a
 seeded draw, with a repeat penalty and an optional mask of allowed tokens (a grammar's).
 
-Every engine hands the decode loop its logits as a 1-D torch tensor over the vocabulary, so one
+Every engine hands the decode loop its logits as a 1-D float array over the vocabulary: a torch
+tensor (transformers) or a numpy array (llama.cpp). Greedy decoding of a numpy array stays in
+numpy, so a job on llama.cpp never imports torch (~2 s of a cold start); a seeded draw goes
+through torch whatever the engine (numpy's row as a tensor, the same float32 values), so one
 sampler serves every runtime and a seed means the same draw whichever engine produced the logits.
 """
 
@@ -31,14 +34,36 @@ def generator(seed: int):
     return torch.Generator().manual_seed(seed)
 
 
+def _greedy_numpy(logits, s: Sampling, history, allowed) -> int:
+    """sample()'s greedy choice for a numpy row, in numpy (the same token torch would choose:
+    the same float32 operations, and argmax takes the first of equal maxima in both)."""
+    import numpy as np
+
+    if s.repeat_penalty != 1.0 and history:
+        logits = logits.astype(np.float32, copy=True)
+        seen = np.array(sorted(set(history)))
+        v = logits[seen]
+        logits[seen] = np.where(v > 0, v / np.float32(s.repeat_penalty), v * np.float32(s.repeat_penalty))
+    if allowed is not None:
+        logits = np.where(np.asarray(allowed), logits, np.float32("-inf"))
+    return int(np.argmax(logits))
+
+
 def sample(logits, s: Sampling, gen, history: list[int] = (), allowed=None) -> int:
     """The next token: greedy at temperature 0, else temperature → top-k → top-p → a seeded draw.
 
     ``repeat_penalty`` divides the positive logits (multiplies the negative ones) of tokens this
     answer already holds, as llama.cpp and transformers do; small models otherwise fall into loops.
-    ``allowed`` (a bool tensor over the vocabulary) leaves only those tokens to draw from.
+    ``allowed`` (bools over the vocabulary, a tensor or a numpy array) leaves only those tokens
+    to draw from. ``gen`` (generator()) is only used, so only needed, at a temperature above 0.
     """
+    if s.temperature == 0 and not hasattr(logits, "masked_fill"):  # a numpy row: no torch
+        return _greedy_numpy(logits, s, history, allowed)
     import torch
+
+    logits = torch.as_tensor(logits)
+    if allowed is not None:
+        allowed = torch.as_tensor(allowed)
 
     if s.repeat_penalty != 1.0 and history:
         logits = logits.float().clone()
