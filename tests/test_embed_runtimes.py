@@ -143,6 +143,40 @@ def test_minilm_on_onnxruntime_matches_sentence_transformers_float32():
     assert np.abs(ours - ref).max() < 1e-4
 
 
+@pytest.mark.parametrize("which", ["tiny", pytest.param("minilm", marks=pytest.mark.real)])
+def test_the_onnxruntime_engine_tokenizes_as_transformers_does_without_importing_it(bert, which, tmp_path):
+    """The engine reads tokenizer.json on the `tokenizers` library itself: the same ids, window
+    and padding id as PreTrainedTokenizerFast (which runs the same file), and a cold `run embed`
+    on a cached export imports neither transformers nor torch (0.7 s and 1.9 s)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from transformers import PreTrainedTokenizerFast
+
+    from taskrun.models.resolve import resolve
+    from taskrun.pipelines.text.ort_encoder import _tokenizer
+    from taskrun.runner.bench_suites import sentences
+
+    path = Path(resolve(bert if which == "tiny" else "minilm").path)
+    ours, theirs = _tokenizer(path), PreTrainedTokenizerFast.from_pretrained(str(path))
+    texts = [*sentences(300, seed=5), "héllo wörld 42 😀 日本語", "", "  spaces  ", "the kitten " * 400]
+    assert ours(texts)["input_ids"] == theirs(texts, add_special_tokens=True, truncation=False)["input_ids"]
+    assert (ours.model_max_length, ours.pad_token_id) == (theirs.model_max_length, theirs.pad_token_id)
+    if which != "tiny":
+        return
+    embed("warm the export", "--model", bert, "--runtime", "onnxruntime")
+    code = ("import sys\nfrom taskrun.runner.cli import main\n"
+            "try:\n    main(sys.argv[1:], standalone_mode=False)\n"
+            "finally:\n    print('imported:', sorted(m for m in ('torch', 'transformers') if m in sys.modules), "
+            "file=sys.stderr)\n")
+    r = subprocess.run([sys.executable, "-c", code, "embed", "hello", "--model", bert, "--runtime", "onnxruntime",
+                        "-q"], capture_output=True, text=True, env=dict(os.environ), timeout=120)
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    assert "imported: []" in r.stderr, r.stderr
+
+
 def test_a_damaged_export_is_rebuilt_with_one_warning(bert, session_cache):
     from taskrun.models.resolve import resolve
     from taskrun.pipelines import clear_cache
