@@ -247,6 +247,32 @@ def test_repeat_penalty_and_token_mask_change_the_choice():
     assert sample(logits, Sampling(), gen, allowed=allowed) == 1
 
 
+def test_greedy_on_a_numpy_row_chooses_what_torch_chooses():
+    """llama.cpp's logits are numpy and greedy decoding stays in numpy: the same token as the
+    torch path for every setting greedy takes (penalty, mask), and a sampled draw on a numpy row
+    is the tensor's draw, seed for seed."""
+    import numpy as np
+    import torch
+
+    from taskrun.pipelines.llm.sampling import Sampling, sample
+
+    rng = np.random.default_rng(0)
+    for trial in range(200):
+        row = rng.normal(0, 3, 1000).astype(np.float32)
+        history = list(rng.integers(0, 1000, 30))
+        mask = rng.random(1000) < 0.3
+        for settings, allowed in [(Sampling(), None), (Sampling(repeat_penalty=1.3), None),
+                                  (Sampling(repeat_penalty=0.8), mask), (Sampling(), mask)]:
+            want = sample(torch.from_numpy(row.copy()), settings, None, history,
+                          None if allowed is None else torch.from_numpy(allowed))
+            assert sample(row, settings, None, history, allowed) == want, (trial, settings)
+    warm = Sampling(temperature=0.8, top_p=0.9, top_k=50, repeat_penalty=1.1)
+    a = [sample(row, warm, torch.Generator().manual_seed(k), history, mask) for k in range(20)]
+    b = [sample(torch.from_numpy(row), warm, torch.Generator().manual_seed(k), history,
+                torch.from_numpy(mask)) for k in range(20)]
+    assert a == b and len(set(a)) > 1
+
+
 def test_bad_repeat_penalty_is_refused(tiny):
     r = CliRunner().invoke(main, ["generate", "hi", "--repeat-penalty", "0", "--model", tiny, "-q"])
     assert r.exit_code != 0 and "--repeat-penalty must be above 0" in r.output

@@ -57,7 +57,9 @@ def sample(logits, s: Sampling, gen, history: list[int] = (), allowed=None) -> i
     ``allowed`` (bools over the vocabulary, a tensor or a numpy array) leaves only those tokens
     to draw from. ``gen`` (generator()) is only used, so only needed, at a temperature above 0.
     """
-    if s.temperature == 0 and not hasattr(logits, "masked_fill"):  # a numpy row: no torch
+    import numpy as np
+
+    if s.temperature == 0 and isinstance(logits, np.ndarray):  # llama.cpp's row: no torch
         return _greedy_numpy(logits, s, history, allowed)
     import torch
 
