@@ -148,9 +148,6 @@ def test_the_onnxruntime_engine_tokenizes_as_transformers_does_without_importing
     """The engine reads tokenizer.json on the `tokenizers` library itself: the same ids, window
     and padding id as PreTrainedTokenizerFast (which runs the same file), and a cold `run embed`
     on a cached export imports neither transformers nor torch (0.7 s and 1.9 s)."""
-    import os
-    import subprocess
-    import sys
     from pathlib import Path
 
     from transformers import PreTrainedTokenizerFast
@@ -166,15 +163,11 @@ def test_the_onnxruntime_engine_tokenizes_as_transformers_does_without_importing
     assert (ours.model_max_length, ours.pad_token_id) == (theirs.model_max_length, theirs.pad_token_id)
     if which != "tiny":
         return
+    from tests.process_helpers import cli_imports
+
     embed("warm the export", "--model", bert, "--runtime", "onnxruntime")
-    code = ("import sys\nfrom taskrun.runner.cli import main\n"
-            "try:\n    main(sys.argv[1:], standalone_mode=False)\n"
-            "finally:\n    print('imported:', sorted(m for m in ('torch', 'transformers') if m in sys.modules), "
-            "file=sys.stderr)\n")
-    r = subprocess.run([sys.executable, "-c", code, "embed", "hello", "--model", bert, "--runtime", "onnxruntime",
-                        "-q"], capture_output=True, text=True, env=dict(os.environ), timeout=120)
-    assert r.returncode == 0 and r.stdout.strip(), r.stderr
-    assert "imported: []" in r.stderr, r.stderr
+    r, heavy = cli_imports("embed", "hello", "--model", bert, "--runtime", "onnxruntime", "-q")
+    assert heavy == [], r.stderr
 
 
 def test_a_damaged_export_is_rebuilt_with_one_warning(bert, session_cache):

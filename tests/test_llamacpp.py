@@ -153,14 +153,11 @@ def test_greedy_jobs_on_llama_cpp_never_import_torch(tiny, tmp_path):
     schema = tmp_path / "schema.json"
     schema.write_text(json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}},
                                   "required": ["ok"]}))
-    code = ("import sys\nfrom taskrun.runner.cli import main\n"
-            "try:\n    main(sys.argv[1:], standalone_mode=False)\n"
-            "finally:\n    print('torch imported:', 'torch' in sys.modules, file=sys.stderr)\n")
-    for extra in ([], ["--json-schema", str(schema), "--max-tokens", "24"], ["--repeat-penalty", "1.3"]):
-        r = subprocess.run([sys.executable, "-c", code, "generate", "hi", "--model", tiny, "--max-tokens", "4",
-                            "-q", *extra], capture_output=True, text=True, env=env, timeout=120)
-        assert r.returncode == 0 and r.stdout.strip(), r.stderr
-        assert "torch imported: False" in r.stderr, (extra, r.stderr)
+    from tests.process_helpers import cli_imports
+
+    for extra in ([], ["--json-schema", schema, "--max-tokens", "24"], ["--repeat-penalty", "1.3"]):
+        r, heavy = cli_imports("generate", "hi", "--model", tiny, "--max-tokens", "4", "-q", *extra, env=env)
+        assert "torch" not in heavy, (extra, r.stderr)
 
 
 def test_a_broken_gguf_is_a_clear_error(tiny, tmp_path):

@@ -219,18 +219,11 @@ def test_a_large_photo_is_decoded_no_larger_than_the_processor_resizes_to(tiny_d
     """The transformers runtimes ask for their processor's size as the decode's fit (ViT's
     32x32, DETR's shortest edge 32 here): a 2000x1500 JPEG is decoded at a reduced scale, and
     detect's boxes still come back in the original's pixels."""
-    import taskrun.tasks.image_files as image_files
+    from tests.process_helpers import record_decodes
 
     photo = tmp_path / "photo.jpg"
     Image.new("RGB", (2000, 1500), (90, 140, 200)).save(photo, quality=90)
-    decoded = []
-    load = image_files.load_image
-
-    def spy(path, max_side=None, fit=None):
-        img = load(path, max_side, fit)
-        decoded.append((fit, img.size))
-        return img
-    monkeypatch.setattr(image_files, "load_image", spy)
+    decoded = record_decodes(monkeypatch)
     out = job(task, photo, "-m", builder(tiny_dir))
     assert out["metrics"]["items"] == 1
     (fit, size), = decoded

@@ -57,19 +57,12 @@ def test_a_large_photo_is_decoded_only_as_large_as_the_model_squeezes_it(tiny, t
     is decoded at a reduced scale (not at 2048 pixels), on either runtime."""
     from PIL import Image
 
-    import taskrun.tasks.image_files as image_files
+    from tests.process_helpers import record_decodes
 
     model, _ = tiny
     photo = tmp_path / "photo.jpg"
     Image.new("RGB", (2000, 1500), (90, 140, 200)).save(photo, quality=90)
-    decoded = []
-    load = image_files.load_image
-
-    def spy(path, max_side=None, fit=None):
-        img = load(path, max_side, fit)
-        decoded.append((fit, img.size))
-        return img
-    monkeypatch.setattr(image_files, "load_image", spy)
+    decoded = record_decodes(monkeypatch)
     for runtime in ("onnxruntime", "torch"):
         out = job("classify", photo, "--model", model, "-k", "1", "--runtime", runtime)
         assert out["items"][0]["result"]["labels"] and out["runtime"] == runtime
@@ -81,19 +74,12 @@ def test_a_large_photo_is_decoded_only_as_large_as_the_model_squeezes_it(tiny, t
 def test_once_exported_a_classify_job_never_imports_torch(tiny):
     """The export needs torch once; after it a job on ONNX Runtime runs without it, the runner's
     inference mode included (importing torch cost a cold `run classify` ~1.4 s of its 1.8 s)."""
-    import os
-    import subprocess
-    import sys
+    from tests.process_helpers import cli_imports
 
     model, pics = tiny
     assert job("classify", pics[0], "--model", model, "-k", "1")["runtime"] == "onnxruntime"  # exports
-    code = ("import sys\nfrom taskrun.runner.cli import main\n"
-            "try:\n    main(sys.argv[1:], standalone_mode=False)\n"
-            "finally:\n    print('torch imported:', 'torch' in sys.modules, file=sys.stderr)\n")
-    r = subprocess.run([sys.executable, "-c", code, "classify", str(pics[0]), "--model", model, "-k", "1", "-q"],
-                       capture_output=True, text=True, env=dict(os.environ), timeout=120)
-    assert r.returncode == 0 and r.stdout.strip(), r.stderr
-    assert "torch imported: False" in r.stderr, r.stderr
+    r, heavy = cli_imports("classify", pics[0], "--model", model, "-k", "1", "-q")
+    assert "torch" not in heavy, r.stderr
 
 
 def test_a_cache_that_cannot_be_written_still_classifies_from_a_temporary_export(tiny, monkeypatch):
