@@ -43,7 +43,7 @@ def tiny_pair(tiny_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(language, "english_only", lambda card: card.name == "tiny-en")
     heard = []
 
-    def fake_detect(inputs, alias, device, offline):
+    def fake_detect(inputs, alias, device, offline, meanwhile=None):
         heard.append(alias)
         return inputs[0].path, "de", 0.97
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -70,7 +70,7 @@ def multilingual_alias() -> str | None:
 
 
 def advise(card: ModelCard, inputs: list[Input], options: Any, *, chosen: bool, device: str,
-           offline: bool, **_) -> tuple[ModelCard, list[str]]:
+           offline: bool, runtime: str | None = None, dtype: str = "auto", **_) -> tuple[ModelCard, list[str]]:
     """(the card to run, notices) for a transcribe job about to load ``card``; ``chosen`` is True
     when the user named the model."""
     if options.language == "en" or not english_only(card):
@@ -83,7 +83,7 @@ def advise(card: ModelCard, inputs: list[Input], options: Any, *, chosen: bool, 
             return card, []
         why = f"--language {options.language}" if options.language else "--task translate"
         return _switch(card, alias, offline, f"{why}: `{card.name}` is English-only, so this job runs on {alias}")
-    heard = detect(inputs, alias, device, offline)
+    heard = detect(inputs, alias, device, offline, meanwhile=lambda: _warm(card, runtime, device, dtype))
     if heard is None:
         return card, []
     path, lang, prob = heard
@@ -102,13 +102,15 @@ def _switch(card: ModelCard, alias: str, offline: bool, note: str) -> tuple[Mode
         return card, []
 
 
-def detect(inputs: list[Input], alias: str, device: str, offline: bool) -> tuple[str, str, float] | None:
+def detect(inputs: list[Input], alias: str, device: str, offline: bool,
+           meanwhile: Callable[[], Any] | None = None) -> tuple[str, str, float] | None:
     """(file, language code, probability) of the first speech of the first readable file, when
     it is not English and the detector is sure; None otherwise (or when it cannot run).
 
     The detector loads on a thread of its own while this one reads the first speech: CTranslate2
     reads and converts the weights with the GIL released, so a cold `run transcribe` pays the
-    longer of the two (~0.4 s), not their sum (~0.65 s)."""
+    longer of the two (~0.4 s), not their sum (~0.65 s). ``meanwhile`` then runs on that thread
+    while the detector listens (_warm: the model asked for loads, ~0.25 s cold)."""
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(1, thread_name_prefix="taskrun-detector") as pool:
@@ -122,10 +124,24 @@ def detect(inputs: list[Input], alias: str, device: str, offline: bool) -> tuple
             if speech is not None:
                 break
         engine = loading.result()
-    if speech is None or engine is None:
-        return None
-    lang, prob = engine.detect_language(speech)
+        if speech is None or engine is None:
+            return None
+        if meanwhile is not None:
+            pool.submit(meanwhile)
+        lang, prob = engine.detect_language(speech)
     return (inp.path, lang, prob) if lang != "en" and prob >= MIN_PROB else None
+
+
+def _warm(card: ModelCard, runtime: str | None, device: str, dtype: str) -> None:
+    """Load the transcription model the job asked for into the model cache, as the runner is
+    about to (the same key: it then finds it loaded, or waits for this load). Wasted only where
+    the speech turns out not to be English; a failure is left for the runner's own load to report."""
+    from taskrun.pipelines import load_pipeline
+
+    try:
+        load_pipeline("transcribe", card, runtime or card.runtime, device, dtype)
+    except Exception:  # noqa: BLE001 - the runner's load reports it, with its own message
+        pass
 
 
 def _detector(alias: str, device: str, offline: bool):
