@@ -155,3 +155,37 @@ def test_the_detector_runs_on_one_thread_in_a_cache_slot_of_its_own(monkeypatch)
     monkeypatch.setattr(language, "resolve", lambda alias, offline=False: SimpleNamespace(name=alias))
     heard = language.detect([SimpleNamespace(path="x.wav")], "whisper-base", "auto", True)
     assert heard == ("x.wav", "de", 0.99) and made == [1] and roles == ["language-detector"]
+
+
+@pytest.mark.parametrize("speech", [True, False], ids=["speech", "silence"])
+def test_the_detector_thread_loads_the_asked_model_while_it_listens(monkeypatch, speech):
+    """detect() loads the detector on a thread of its own while the first speech is read, then
+    runs ``meanwhile`` (the runner's model load) on that thread while the detector listens, and
+    returns once both are done; with no speech there is nothing to detect and nothing to warm."""
+    import threading
+
+    from taskrun.tasks.base import Input
+
+    events = []
+
+    class Detector:
+        def detect_language(self, samples):
+            events.append(("detect", threading.current_thread().name))
+            return "en", 0.99
+
+    def load(alias, device, offline):
+        events.append(("load detector", threading.current_thread().name))
+        return Detector()
+
+    monkeypatch.setattr(language, "_detector", load)
+    monkeypatch.setattr(language, "first_speech", lambda path: np.zeros(16000, np.float32) if speech else None)
+    warm = lambda: events.append(("warm", threading.current_thread().name))  # noqa: E731
+    assert language.detect([Input(source="a.wav", kind="audio", path="a.wav")], "multi", "cpu", True,
+                           meanwhile=warm) is None  # English: no switch
+    main_thread = threading.current_thread().name
+    if not speech:
+        assert [e for e, _ in events] == ["load detector"]
+        return
+    assert sorted(e for e, _ in events) == ["detect", "load detector", "warm"]
+    where = dict(events)
+    assert where["detect"] == main_thread and where["warm"] == where["load detector"] != main_thread
