@@ -57,7 +57,9 @@ RUNTIMES: dict[tuple[str, str], Runtime] = {
     ("search", "onnxruntime"): Runtime(_P + "text.search:SearchPipeline",
                                        engine=_P + "text.ort_encoder:OrtTextEncoder"),
     ("classify", "torch"): Runtime(_P + "vision.efficientnet:EfficientNetPipeline"),
-    ("classify", "onnxruntime"): Runtime(_P + "vision.efficientnet_ort:EfficientNetOrtPipeline"),
+    # an image EfficientNet's ONNX export, or zero-shot text on a sentence encoder's (text.classify)
+    ("classify", "onnxruntime"): Runtime(_P + "text.classify:OrtClassifyPipeline",
+                                         engine=_P + "text.ort_encoder:OrtTextEncoder"),
     ("detect", "torch"): Runtime(_P + "vision.faces:FacePipeline"),
     ("detect", "transformers"): Runtime(_P + "vision.hf_detect:DetectPipeline"),
     ("transcribe", "ctranslate2"): Runtime(_P + "speech.transcribe:TranscribePipeline",

@@ -85,18 +85,28 @@ def test_the_default_runtime_follows_the_cpu(bert, monkeypatch, bf16, args, expe
     assert out["runtime"] == expected
 
 
-def test_search_runs_on_onnxruntime_and_zero_shot_classify_stays_on_transformers(bert, tmp_path, monkeypatch):
+def test_search_and_zero_shot_classify_run_on_onnxruntime_too(bert, tmp_path, monkeypatch):
+    """search and zero-shot classify share embed's encoder and its choice of runtime; classify's
+    onnxruntime row takes a sentence encoder (zero-shot text) as well as an image EfficientNet,
+    with the scores transformers gives."""
     monkeypatch.setattr(encoder, "cpu_has_bf16", lambda: False)
     monkeypatch.setattr(encoder, "_maybe_accelerator", lambda: False)
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     (corpus / "a.md").write_text("the cat sat\n\nthe dog barked\n\nstock prices fell\n")
-    # classify's onnxruntime row, where there is one, is the image classifier's: text stays put
-    for args, runtime in ((["search", "cat", "--corpus", corpus, "-k", "2"], "onnxruntime"),
-                          (["classify", "good movie", "--labels", "good,bad"], "transformers")):
+    outs = {}
+    for args in (["search", "cat", "--corpus", corpus, "-k", "2"],
+                 ["classify", "good movie", "the worst", "--labels", "good,bad"],
+                 ["classify", "good movie", "the worst", "--labels", "good,bad", "--runtime", "transformers"]):
         r = CliRunner().invoke(main, [*map(str, args), "--model", bert, "--json", "-q"])
         assert r.exit_code == 0, r.output
-        assert json.loads(r.stdout.splitlines()[-1])["runtime"] == runtime
+        outs[" ".join(map(str, args[:1] + args[-1:]))] = json.loads(r.stdout.splitlines()[-1])
+    assert [o["runtime"] for o in outs.values()] == ["onnxruntime", "onnxruntime", "transformers"]
+    ort, tf = outs["classify good,bad"], outs["classify transformers"]
+    for a, b in zip(ort["items"], tf["items"]):
+        assert [lab["label"] for lab in a["result"]["labels"]] == [lab["label"] for lab in b["result"]["labels"]]
+        assert [lab["score"] for lab in a["result"]["labels"]] == pytest.approx(
+            [lab["score"] for lab in b["result"]["labels"]], abs=1e-4)
 
 
 def test_auto_runtime_leaves_other_models_and_devices_alone(monkeypatch):

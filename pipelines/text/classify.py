@@ -1,4 +1,4 @@
-"""classify on transformers.
+"""classify on transformers, and zero-shot text on ONNX Runtime.
 
 Text, zero-shot: embed the inputs and the labels (phrased through --template) with the text-encoder
 engine the RUNTIMES row names, then softmax the cosine similarities (scaled as CLIP-style zero-shot
@@ -29,11 +29,14 @@ class ClassifyPipeline(Base):
     runtime = "transformers"
 
     def __init__(self, card, device="auto", dtype="auto", *, engine):
-        super().__init__(card, device, dtype)
-        if card.kind == "sentence-embedding":
+        if card.kind == "sentence-embedding":  # the engine resolves its own device (on ONNX
+            self.card = card                   # Runtime without importing torch)
             self.impl = _ZeroShot(engine.load(card, device, dtype))
             self.runtime = self.impl.encoder.runtime
-        elif card.kind == "text-classification":
+            self.device, self.dtype = self.impl.device, self.impl.dtype
+            return
+        super().__init__(card, device, dtype)
+        if card.kind == "text-classification":
             self.impl = _SequenceClassifier(card, self.device, dtype)
         else:
             from taskrun.pipelines.vision.hf_classify import ImageClassifier
@@ -55,6 +58,20 @@ class ClassifyPipeline(Base):
         n = max(n_ok, 1)
         yield ev.Done(Metrics(items=n_ok, items_per_s=n_ok / elapsed if elapsed > 0 else 0.0,
                               latency_s=elapsed / n))
+
+
+class OrtClassifyPipeline(ClassifyPipeline):
+    """classify on ONNX Runtime: an image EfficientNet on its ONNX export
+    (pipelines/vision/efficientnet_ort.py), or zero-shot text on a sentence encoder's export (the
+    embed engine: the default on a CPU without bf16, as for embed; see auto_runtime). Built as one
+    or the other, by the model's kind."""
+
+    def __new__(cls, card, device="auto", dtype="auto", *, engine):
+        if card.kind == "sentence-embedding":
+            return ClassifyPipeline(card, device, dtype, engine=engine)
+        from taskrun.pipelines.vision.efficientnet_ort import EfficientNetOrtPipeline
+
+        return EfficientNetOrtPipeline(card, device, dtype)
 
 
 class _ZeroShot:
