@@ -99,8 +99,6 @@ def import_ctranslate2():
     and torch's libgomp reads the same variable: so it is set only for this import and removed
     after. A GOMP_SPINCOUNT of the user's own is left alone; TASKRUN_CT2_SPINCOUNT sets the count
     (0: passive waits, as for torch)."""
-    import sys
-
     if "ctranslate2" in sys.modules:
         return sys.modules["ctranslate2"]
     configure_openmp()
