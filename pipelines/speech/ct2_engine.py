@@ -20,7 +20,6 @@ from taskrun.tasks.base import TaskError
 # float32 on CPU: the packaged weights are fp16, and CTranslate2 converts them at load; int8 costs
 # ~1.6 s more load for tiny.en and decoded no faster here (see benchmarks/bench_transcribe.py).
 _CPU_DTYPE = "float32"
-TAIL_S = 1.0  # speech left after a batched window's last timestamp that is decoded on its own
 
 
 def ct2_device(device: str) -> str:
@@ -149,20 +148,6 @@ class CT2WhisperEngine(SpeechEngine):
             else:
                 out.append(pieces + self._tail(samples, pieces, options, state))
         return out
-
-    def _tail(self, samples, pieces, options, state: FileState) -> list[Piece]:
-        """The speech after a window's last timestamp, decoded alone: Whisper often stops before
-        the last words of a full 30 s window, which the sequential decoder picks up by seeking to
-        the last timestamp and decoding on. The window holds only speech (VAD packed it), so
-        more than TAIL_S left over is words still to hear."""
-        done = max((p.end for p in pieces), default=0.0)
-        if len(samples) / self.sample_rate - done <= TAIL_S:
-            return []
-        prompt = FileState(state.language, state.previous + " " + " ".join(p.text.strip() for p in pieces))
-        tail = self.decode(samples[int(done * self.sample_rate):], options, prompt)
-        return [Piece(done + p.start, None if p.end is None else done + p.end, p.text,
-                      None if p.words is None else [(done + a, done + b, w, pr) for a, b, w, pr in p.words])
-                for p in tail]
 
     def detect_language(self, samples) -> tuple[str, float]:
         """(language code, probability) of ``samples`` (16 kHz mono), from Whisper's language

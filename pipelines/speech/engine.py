@@ -18,12 +18,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
 from taskrun.pipelines import cached_model
 from taskrun.tasks.base import ModelCard
+
+TAIL_S = 1.0  # speech left after a batched window's last timestamp that is decoded on its own
 
 
 @dataclass
@@ -98,6 +100,31 @@ class SpeechEngine(ABC):
         out = []
         for w in windows:
             out.append(list(self.decode(w, options, state)))
+        return out
+
+    def _tail(self, samples: np.ndarray, pieces: list[Piece], options: Any, state: FileState,
+              decode: Callable[[np.ndarray, Any, FileState], Iterable[Piece]] | None = None) -> list[Piece]:
+        """The speech after the last timestamp of a window decoded in one pass, decoded on until
+        none is left (``decode``: one pass over samples, by default ``self.decode``). Whisper
+        often stops before the last words of a full 30 s window, which the sequential decoder
+        picks up by seeking to its last timestamp and decoding on. The window holds only speech
+        (VAD packed it), so more than TAIL_S left over is words still to hear; a last piece that
+        runs to the window's end (``end`` None) leaves none, and a window without a timed piece
+        (silence by Whisper's no-speech rule) is not decoded again. Each pass starts later than
+        the one before, prompted with the text so far."""
+        decode = decode or self.decode
+        out: list[Piece] = []
+        offset, text = 0.0, state.previous
+        while pieces and all(p.end is not None for p in pieces):
+            done = max(p.end for p in pieces)
+            if done <= 0 or len(samples) / self.sample_rate - (offset + done) <= TAIL_S:
+                break
+            text += " " + " ".join(p.text.strip() for p in pieces)
+            offset += done
+            pieces = list(decode(samples[int(offset * self.sample_rate):], options, FileState(state.language, text)))
+            out += [Piece(offset + p.start, None if p.end is None else offset + p.end, p.text,
+                          None if p.words is None else [(offset + a, offset + b, w, pr) for a, b, w, pr in p.words])
+                    for p in pieces]
         return out
 
     @abstractmethod

@@ -1,0 +1,63 @@
+"""What makes Whisper on transformers faster on a CPU (pipelines/speech/hf_engine.py) changes no
+output: the output projection stored transposed gives the same logits from one copy of the
+weights, and the suppressed-token masks built once per generate call give the same tokens."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from taskrun.models.resolve import resolve
+from taskrun.pipelines.speech.engine import FileState
+from taskrun.pipelines.speech.hf_engine import HFSpeechEngine, transpose_head
+from taskrun.tasks.transcribe import Options
+from tests.tiny.whisper import build, clip
+
+
+def test_the_transposed_head_gives_the_same_logits_from_one_copy(tiny_dir):
+    from transformers import WhisperForConditionalGeneration
+
+    model = WhisperForConditionalGeneration.from_pretrained(build(tiny_dir)).eval()
+    feats = torch.randn(2, 80, 3000, generator=torch.Generator().manual_seed(0))
+    ids = torch.tensor([[50257, 50362, 400, 401], [50257, 50362, 402, 403]])
+    with torch.inference_mode():
+        before = model(input_features=feats, decoder_input_ids=ids).logits
+        transpose_head(model)
+        after = model(input_features=feats, decoder_input_ids=ids).logits
+    assert torch.allclose(before, after, atol=1e-5)
+    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+    assert head.w_t.is_contiguous() and embed.weight.data_ptr() == head.w_t.data_ptr()  # one copy
+
+
+@pytest.fixture()
+def engine(tiny_dir):
+    return HFSpeechEngine(resolve(str(build(tiny_dir))), "cpu", "float32")
+
+
+def vocabulary_scans(monkeypatch, vocab: int) -> list[int]:
+    """Count torch.isin calls over the whole vocabulary (what the suppression processors run)."""
+    calls = []
+    real = torch.isin
+
+    def spy(elements, test_elements, *args, **kwargs):
+        if getattr(elements, "numel", lambda: 0)() == vocab:
+            calls.append(1)
+        return real(elements, test_elements, *args, **kwargs)
+    monkeypatch.setattr(torch, "isin", spy)
+    return calls
+
+
+def test_suppression_masks_are_built_once_per_generate_call_and_change_no_token(engine, tiny_dir, monkeypatch):
+    samples, _ = sf.read(clip(tiny_dir), dtype="float32")
+    windows = [samples, np.concatenate([samples, samples])]
+    options = Options(language="en")
+    scans = vocabulary_scans(monkeypatch, engine.model.config.vocab_size)
+    cached = engine._whisper(windows, options, FileState("en"), "")
+    once = len(scans)
+    del engine.model._retrieve_logit_processors  # transformers' own processors again
+    scans.clear()
+    plain = engine._whisper(windows, options, FileState("en"), "")
+    assert cached == plain and sum(len(p) for p in plain) > 0
+    assert 1 <= once <= 2 and len(scans) > 10 * once  # one mask per processor, not one per step
