@@ -2,7 +2,7 @@
 BatchedInferencePipeline) and the transformers ASR pipeline called directly, on the same audio and
 weights in the same process, runs interleaved (taskrun/runner/bench_core.py, as `run bench`).
 
-    python benchmarks/bench_transcribe.py [--quick] [--long N] [--memory] [--wer-set]
+    python benchmarks/bench_transcribe.py [--quick] [--long N [--transformers]] [--memory] [--wer-set]
 
 Speed: whisper-tiny.en on samples/meeting.wav (61 s, real speech with pauses), or --long N
 copies of it in one file (long audio, where taskrun decodes windows as a batch). Each runtime
@@ -51,7 +51,7 @@ def taskrun_path(runtime: str | None, audio: Path, beam: int | None = None, batc
     return load
 
 
-def hf_pipeline_path(audio_path: Path):
+def hf_pipeline_path(audio_path: Path, batch: int = 1):
     import soundfile as sf
     import torch
     from transformers import pipeline
@@ -68,7 +68,7 @@ def hf_pipeline_path(audio_path: Path):
         audio, sr = sf.read(audio_path, dtype="float32")
         with torch.inference_mode():
             out = asr({"raw": audio, "sampling_rate": sr}, chunk_length_s=30, return_timestamps=True,
-                      generate_kwargs={"num_beams": 1})
+                      batch_size=batch, generate_kwargs={"num_beams": 1})
         return out["text"]
 
     return run
@@ -223,7 +223,11 @@ def speed(audio: Path, copies: int, rounds: int, transformers: bool = True) -> d
     ]
     if transformers:
         contenders += [Contender("taskrun (transformers)", taskrun_path("transformers", audio), "taskrun", "greedy"),
-                       Contender("transformers pipeline direct", lambda: hf_pipeline_path(audio), note="greedy")]
+                       Contender("taskrun (transformers), batched", taskrun_path("transformers", audio, None, 8),
+                                 "taskrun", "greedy, --batch-size 8"),
+                       Contender("transformers pipeline direct", lambda: hf_pipeline_path(audio), note="greedy"),
+                       Contender("transformers pipeline direct, batched", lambda: hf_pipeline_path(audio, 8),
+                                 note="greedy, batch_size 8 (30 s chunks decoded together)")]
     measured, order = measure(contenders, rounds, isolate=True)
     reference = REFERENCE * copies
     rows = {}
@@ -249,6 +253,10 @@ def speed(audio: Path, copies: int, rounds: int, transformers: bool = True) -> d
             s["taskrun (transformers)"] / s["faster-whisper direct"], 3)
         ratios["taskrun_transformers_speed_vs_hf_pipeline"] = round(
             s["transformers pipeline direct"] / s["taskrun (transformers)"], 3)
+        ratios["taskrun_transformers_batched_speed_vs_taskrun_transformers"] = round(
+            s["taskrun (transformers)"] / s["taskrun (transformers), batched"], 3)
+        ratios["taskrun_transformers_batched_speed_vs_hf_pipeline_batched"] = round(
+            s["transformers pipeline direct, batched"] / s["taskrun (transformers), batched"], 3)
     print(f"\nwhisper-tiny.en, {audio.name} ({audio_s:.1f} s), {os.cpu_count()} CPUs, load "
           f"{os.getloadavg()[0]:.1f} (shared with other work: absolute numbers are noisy, ratios are same-run)")
     print(f"{'path':<34} {'rtf':>7} {'median s':>9} {'WER':>6}")
@@ -266,6 +274,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="1 round instead of 3")
     ap.add_argument("--rounds", type=int, default=0, help="timed rounds (default 3, 1 with --quick)")
     ap.add_argument("--long", type=int, default=0, metavar="N", help="N copies of the meeting in one file")
+    ap.add_argument("--transformers", action="store_true",
+                    help="with --long: also the transformers runtime, sequential and batched")
     ap.add_argument("--memory", action="store_true", help="also peak RSS for a 1-minute and a 1-hour file")
     ap.add_argument("--memory-only", action="store_true", help="only the memory measurement")
     ap.add_argument("--wer-set", action="store_true", help="only greedy vs beam 5 on every real speech sample")
@@ -291,7 +301,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         audio = long_audio(args.long, Path(d)) if args.long else AUDIO
         result = speed(audio, max(1, args.long), args.rounds or (1 if args.quick else 3),
-                       transformers=not args.long)
+                       transformers=not args.long or args.transformers)
     result["command"] = "python " + " ".join(sys.argv)
     if mem is not None:
         result["memory"] = mem
