@@ -34,8 +34,9 @@ class Options:
                                         "within 0.5 WER points of it on the project's speech samples "
                                         "and about half as fast; see the README).")
     batch_size: int = option(1, "--batch-size",
-                             help="Windows of a long file decoded as one batch after its first (ctranslate2; "
-                                  "faster on long audio, but windows in a batch get no previous-text prompt).")
+                             help="Windows of a long file decoded as one batch after its first (ctranslate2 "
+                                  "and transformers; faster on long audio on a GPU or many cores, but windows "
+                                  "in a batch get no previous-text prompt).")
     word_timestamps: bool = option(False, "--word-timestamps",
                                    help="Also give each word's start and end; srt/vtt cues are then "
                                         "cut at the words' own times (estimated from the segment's "
