@@ -12,6 +12,7 @@ import os
 
 from taskrun.pipelines import cached_model
 from taskrun.pipelines.device import decode_threads, resolve_device, resolve_dtype
+from taskrun.pipelines.head import transpose_head
 from taskrun.pipelines.llm.engine import LLMEngine
 from taskrun.tasks.base import ModelCard, TaskError
 
@@ -73,6 +74,8 @@ class TransformersLLM(LLMEngine):
             raise TaskError(f"could not load {card.name} as a causal LM ({exc}); point --model at a "
                             f"Hugging Face folder with config.json and tokenizer files, or a GGUF") from None
         model.to(device).eval()
+        if device == "cpu" and name == "float32" and compact in (None, "float"):
+            transpose_head(model)  # the vocabulary head in the layout MKL reads fastest (pipelines/head.py)
         llm = cls(model, tok, device, name)
         if device == "cpu" and supports(model) and os.environ.get("TASKRUN_FAST", "1") != "0":
             import torch

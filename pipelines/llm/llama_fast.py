@@ -120,7 +120,8 @@ class FastLlama:
         self.norm = inner.norm.weight
         lin = LINEARS[weights]
         self.weights = weights
-        self.lm_head = lin(model.lm_head.weight)
+        head = model.get_output_embeddings()  # already transposed in float32 (pipelines/head.py)
+        self.lm_head = (lambda x, w_t=head.w_t: x @ w_t) if hasattr(head, "w_t") else lin(head.weight)
         self.layers = []  # decoding one token: matrix-vector products, bound by bytes
         self.prompt_layers = []  # reading the prompt: matrix products, bound by compute
         for layer in inner.layers:

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from taskrun.pipelines.device import auto_dtype, resolve_device, resolve_dtype
+from taskrun.pipelines.head import transpose_head
 from taskrun.pipelines.speech.engine import FileState, Piece, SpeechEngine
 from taskrun.tasks.base import TaskError
 
@@ -105,31 +106,6 @@ def ctc_segments(words: list[dict], seconds_per_frame: float) -> list[Piece]:
                   " ".join(w["word"] for w in p),
                   [(w["start_offset"] * seconds_per_frame, w["end_offset"] * seconds_per_frame, w["word"], None)
                    for w in p]) for p in pieces]
-
-
-def transpose_head(model) -> None:
-    """Whisper's output projection (d_model -> vocabulary) as ``x @ w_t``, the weight stored
-    transposed, for float32 on a CPU. Measured on 2 AVX2 cores with torch's MKL, tiny.en's
-    384 x 51,864 head: 5.9 -> 2.2 ms for one row, 19.8 -> 7.8 ms for three (``F.linear`` with
-    the weight as stored is the slow layout there; the decoder's smaller products are as fast
-    either way), so a window decodes ~1.25x faster. The head is tied to the token embedding,
-    which then reads the same storage (a strided view): memory holds one copy."""
-    import torch
-
-    class Head(torch.nn.Module):
-        def __init__(self, w_t, bias) -> None:
-            super().__init__()
-            self.w_t, self.bias = w_t, bias
-
-        def forward(self, x):
-            y = x @ self.w_t
-            return y if self.bias is None else y + self.bias
-
-    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
-    w_t = head.weight.detach().t().contiguous()
-    if embed.weight.data_ptr() == head.weight.data_ptr():
-        embed.weight = torch.nn.Parameter(w_t.t(), requires_grad=False)
-    model.set_output_embeddings(Head(w_t, head.bias))
 
 
 def cache_suppression(model) -> None:

@@ -1,6 +1,7 @@
-"""What makes Whisper on transformers faster on a CPU (pipelines/speech/hf_engine.py) changes no
-output: the output projection stored transposed gives the same logits from one copy of the
-weights, and the suppressed-token masks built once per generate call give the same tokens."""
+"""What makes the transformers runtimes faster on a CPU changes no output: the vocabulary head
+stored transposed (pipelines/head.py) gives the same logits from one copy of the weights, in
+Whisper and in a causal LM on either of its forward passes, and Whisper's suppressed-token masks
+built once per generate call give the same tokens (pipelines/speech/hf_engine.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import torch
 
 from taskrun.models.resolve import resolve
 from taskrun.pipelines.speech.engine import FileState
-from taskrun.pipelines.speech.hf_engine import HFSpeechEngine, transpose_head
+from taskrun.pipelines.head import transpose_head
+from taskrun.pipelines.speech.hf_engine import HFSpeechEngine
 from taskrun.tasks.transcribe import Options
 from tests.tiny.whisper import build, clip
 
@@ -29,6 +31,36 @@ def test_the_transposed_head_gives_the_same_logits_from_one_copy(tiny_dir):
     assert torch.allclose(before, after, atol=1e-5)
     head, embed = model.get_output_embeddings(), model.get_input_embeddings()
     assert head.w_t.is_contiguous() and embed.weight.data_ptr() == head.w_t.data_ptr()  # one copy
+
+
+@pytest.mark.parametrize("fast", ["0", "1"])
+def test_a_float32_causal_lm_decodes_with_the_transposed_head_as_with_its_own(tiny_dir, monkeypatch, fast):
+    """TASKRUN_FAST=0: the transformers module; 1: the lean Llama pass, which takes the head over."""
+    from transformers import AutoModelForCausalLM
+
+    from taskrun.pipelines import clear_cache
+    from taskrun.pipelines.llm.hf_engine import TransformersLLM
+    from tests.tiny.generate import build as build_llm
+
+    monkeypatch.setenv("TASKRUN_FAST", fast)
+    clear_cache()
+    llm = TransformersLLM.load(resolve(str(build_llm(tiny_dir))), "cpu", "float32")
+    head = llm.model.get_output_embeddings()
+    assert hasattr(head, "w_t") and llm.model.get_input_embeddings().weight.data_ptr() == head.w_t.data_ptr()
+    plain = AutoModelForCausalLM.from_pretrained(str(build_llm(tiny_dir))).eval()
+    ids = llm.prompt_ids("What is the capital of France?")
+    with torch.inference_mode():
+        want = plain(input_ids=torch.tensor([ids])).logits[0, -1]
+        got = llm.prefill(ids)
+        assert torch.allclose(got.float(), want, atol=1e-4)
+        for _ in range(5):  # a few steps on: the same greedy tokens
+            token = int(want.argmax())
+            ids.append(token)
+            want = plain(input_ids=torch.tensor([ids])).logits[0, -1]
+            got = llm.decode_step(token)
+            assert int(got.argmax()) == int(want.argmax())
+    llm.free()
+    clear_cache()
 
 
 @pytest.fixture()
