@@ -1,5 +1,5 @@
 """What makes the transformers runtimes faster on a CPU changes no output: the vocabulary head
-stored transposed (pipelines/head.py) gives the same logits from one copy of the weights, in
+stored transposed (pipelines/device.py: transpose_head) gives the same logits from one copy of the weights, in
 Whisper and in a causal LM on either of its forward passes, and Whisper's suppressed-token masks
 built once per generate call give the same tokens (pipelines/speech/hf_engine.py)."""
 
@@ -12,7 +12,7 @@ import torch
 
 from taskrun.models.resolve import resolve
 from taskrun.pipelines.speech.engine import FileState
-from taskrun.pipelines.head import transpose_head
+from taskrun.pipelines.device import transpose_head
 from taskrun.pipelines.speech.hf_engine import HFSpeechEngine
 from taskrun.tasks.transcribe import Options
 from tests.tiny.whisper import build, clip
@@ -60,6 +60,25 @@ def test_a_float32_causal_lm_decodes_with_the_transposed_head_as_with_its_own(ti
             got = llm.decode_step(token)
             assert int(got.argmax()) == int(want.argmax())
     llm.free()
+    clear_cache()
+
+
+def test_a_model_the_lean_pass_does_not_cover_gets_the_transposed_head_by_default(tiny_dir, monkeypatch):
+    """dtype auto picks float16 weights for the lean Llama pass, which packs its own head; a model
+    it does not cover runs float32 products on the transformers module, head included."""
+    from taskrun.pipelines import clear_cache
+    from taskrun.pipelines.llm.hf_engine import TransformersLLM
+    from tests.tiny.generate import build as build_llm
+
+    monkeypatch.setattr("taskrun.pipelines.llm.llama_fast.compact_weights", lambda: "float16")
+    card = resolve(str(build_llm(tiny_dir)))
+    clear_cache()
+    lean = TransformersLLM.load(card, "cpu", "auto")
+    assert lean.fast is not None and not hasattr(lean.model.get_output_embeddings(), "w_t")
+    clear_cache()
+    monkeypatch.setattr("taskrun.pipelines.llm.llama_fast.supports", lambda model: False)
+    module = TransformersLLM.load(card, "cpu", "auto")
+    assert module.fast is None and hasattr(module.model.get_output_embeddings(), "w_t")
     clear_cache()
 
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 import os
 
 from taskrun.pipelines import cached_model
-from taskrun.pipelines.device import decode_threads, resolve_device, resolve_dtype
-from taskrun.pipelines.head import transpose_head
+from taskrun.pipelines.device import decode_threads, resolve_device, resolve_dtype, transpose_head
 from taskrun.pipelines.llm.engine import LLMEngine
 from taskrun.tasks.base import ModelCard, TaskError
 
@@ -74,10 +73,13 @@ class TransformersLLM(LLMEngine):
             raise TaskError(f"could not load {card.name} as a causal LM ({exc}); point --model at a "
                             f"Hugging Face folder with config.json and tokenizer files, or a GGUF") from None
         model.to(device).eval()
-        if device == "cpu" and name == "float32" and compact in (None, "float"):
-            transpose_head(model)  # the vocabulary head in the layout MKL reads fastest (pipelines/head.py)
+        fast = device == "cpu" and supports(model) and os.environ.get("TASKRUN_FAST", "1") != "0"
+        if device == "cpu" and name == "float32" and not (fast and compact not in (None, "float")):
+            # the vocabulary head in the layout MKL reads fastest, wherever float32 products
+            # compute it (the lean pass with float16 or int8 weights packs its own)
+            transpose_head(model)
         llm = cls(model, tok, device, name)
-        if device == "cpu" and supports(model) and os.environ.get("TASKRUN_FAST", "1") != "0":
+        if fast:
             import torch
 
             with torch.inference_mode():

@@ -120,7 +120,7 @@ class FastLlama:
         self.norm = inner.norm.weight
         lin = LINEARS[weights]
         self.weights = weights
-        head = model.get_output_embeddings()  # already transposed in float32 (pipelines/head.py)
+        head = model.get_output_embeddings()  # already transposed in float32 (pipelines/device.py: transpose_head)
         self.lm_head = (lambda x, w_t=head.w_t: x @ w_t) if hasattr(head, "w_t") else lin(head.weight)
         self.layers = []  # decoding one token: matrix-vector products, bound by bytes
         self.prompt_layers = []  # reading the prompt: matrix products, bound by compute

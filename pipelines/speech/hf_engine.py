@@ -14,8 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from taskrun.pipelines.device import auto_dtype, resolve_device, resolve_dtype
-from taskrun.pipelines.head import transpose_head
+from taskrun.pipelines.device import auto_dtype, resolve_device, resolve_dtype, transpose_head
 from taskrun.pipelines.speech.engine import FileState, Piece, SpeechEngine
 from taskrun.tasks.base import TaskError
 
