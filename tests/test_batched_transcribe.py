@@ -11,6 +11,7 @@ import soundfile as sf
 
 from taskrun.pipelines.speech import ct2_batch
 from taskrun.pipelines.speech.ct2_engine import CT2WhisperEngine
+from taskrun.pipelines.speech.engine import PROMPT_CHARS, FileState, Piece, SpeechEngine
 from taskrun.pipelines.speech.hf_engine import HFSpeechEngine
 from taskrun.runner.jobs import run_job
 from taskrun.tasks.inputs import file_input
@@ -118,6 +119,30 @@ def test_transformers_decodes_the_windows_after_the_first_in_one_generate_call(t
     for s in res.segments:
         for w in s.words or ():
             assert s.start <= w.start <= w.end <= s.end + 1e-6
+
+
+class EarlyStopper(SpeechEngine):
+    """Times at most 5 s of whatever it hears, then stops: Whisper's early stop, every time."""
+
+    runtime = "stub"
+
+    def __init__(self) -> None:
+        self.prompts: list[str] = []
+
+    def decode(self, samples, options, state):
+        self.prompts.append(state.previous)
+        return [Piece(0.0, min(5.0, len(samples) / SR), "words " * 40)]
+
+
+def test_speech_after_the_last_timestamp_is_decoded_on_until_none_is_left():
+    stub = EarlyStopper()
+    tail = stub._tail(np.zeros(22 * SR, np.float32), [Piece(0.0, 5.0, "first")], None, FileState("en", "p" * 390))
+    assert [(p.start, p.end) for p in tail] == [(5.0, 10.0), (10.0, 15.0), (15.0, 20.0), (20.0, 22.0)]
+    assert stub.prompts[0].endswith("first") and all(len(p) <= PROMPT_CHARS for p in stub.prompts)
+    # nothing timed (silence by the no-speech rule), or a piece that runs to the end: no pass
+    assert stub._tail(np.zeros(22 * SR, np.float32), [], None, FileState("en")) == []
+    assert stub._tail(np.zeros(22 * SR, np.float32), [Piece(0.0, None, "all")], None, FileState("en")) == []
+    assert len(stub.prompts) == 4
 
 
 def test_batch_size_is_validated():

@@ -26,6 +26,7 @@ from taskrun.pipelines import cached_model
 from taskrun.tasks.base import ModelCard
 
 TAIL_S = 1.0  # speech left after a batched window's last timestamp that is decoded on its own
+PROMPT_CHARS = 400  # how much of the text decoded so far is kept to prompt the next window
 
 
 @dataclass
@@ -119,7 +120,7 @@ class SpeechEngine(ABC):
             done = max(p.end for p in pieces)
             if done <= 0 or len(samples) / self.sample_rate - (offset + done) <= TAIL_S:
                 break
-            text += " " + " ".join(p.text.strip() for p in pieces)
+            text = (text + " " + " ".join(p.text.strip() for p in pieces))[-PROMPT_CHARS:]
             offset += done
             pieces = list(decode(samples[int(offset * self.sample_rate):], options, FileState(state.language, text)))
             out += [Piece(offset + p.start, None if p.end is None else offset + p.end, p.text,

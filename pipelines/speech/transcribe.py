@@ -16,7 +16,7 @@ import numpy as np
 
 from taskrun.pipelines.base import EnginePipeline
 from taskrun.pipelines.speech import audio
-from taskrun.pipelines.speech.engine import FileState, Piece, SpeechEngine
+from taskrun.pipelines.speech.engine import PROMPT_CHARS, FileState, Piece, SpeechEngine
 from taskrun.tasks import events as ev
 from taskrun.tasks.audio_files import probe_input
 from taskrun.tasks.base import Input, TaskError
@@ -24,7 +24,6 @@ from taskrun.tasks.clock import Clock, timed
 from taskrun.tasks.transcribe import Metrics, Segment, Transcript, Word
 
 SEAM_S = 8.0  # a chunk's cut is chosen in its last SEAM_S seconds, where a pause is likely
-PROMPT_CHARS = 400  # how much of the text decoded so far is kept to prompt the next window
 # A pause at least this long ends the packed window (or stretch) before it: the decoder never sees
 # speech from both sides of it as one, so no segment is timed across it. Packed across a 4-minute
 # pause, tiny.en timed one sentence 58.7 -> 309.5 s (a subtitle on screen through the silence).
