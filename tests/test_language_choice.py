@@ -189,3 +189,43 @@ def test_the_detector_thread_loads_the_asked_model_while_it_listens(monkeypatch,
     assert sorted(e for e, _ in events) == ["detect", "load detector", "warm"]
     where = dict(events)
     assert where["detect"] == main_thread and where["warm"] == where["load detector"] != main_thread
+
+
+@pytest.mark.parametrize("quick, verdict, heard_s", [
+    (("en", 0.99), None, [4.0]),  # a clear English on 4 s: settled, no second pass
+    (("en", 0.80), None, [4.0, 8.0]),  # unsure: the whole 8 s decides, as before
+    (("de", 0.99), ("x.wav", "de", 0.97), [4.0, 8.0]),  # not English: the whole 8 s decides the switch
+])
+def test_clear_english_is_settled_on_the_first_seconds(monkeypatch, quick, verdict, heard_s):
+    """The detector hears QUICK_S seconds first; only a sure English ends it there. Anything else
+    is heard again on all DETECT_S seconds, and that second answer is the one used."""
+    from types import SimpleNamespace
+
+    lengths = []
+
+    class Detector:
+        def detect_language(self, samples):
+            lengths.append(len(samples) / 16000)
+            return quick if len(lengths) == 1 else ("de", 0.97) if quick[0] == "de" else ("en", 0.99)
+
+    monkeypatch.setattr(language, "_detector", lambda alias, device, offline: Detector())
+    monkeypatch.setattr(language, "first_speech", lambda path: np.zeros(int(language.DETECT_S * 16000), np.float32))
+    assert language.detect([SimpleNamespace(path="x.wav")], "multi", "cpu", True) == verdict
+    assert lengths == heard_s
+
+
+def test_a_short_clip_is_heard_once(monkeypatch):
+    """Speech no longer than QUICK_S is heard once, whatever the answer."""
+    from types import SimpleNamespace
+
+    lengths = []
+
+    class Detector:
+        def detect_language(self, samples):
+            lengths.append(len(samples))
+            return "en", 0.6
+
+    monkeypatch.setattr(language, "_detector", lambda alias, device, offline: Detector())
+    monkeypatch.setattr(language, "first_speech", lambda path: np.zeros(3 * 16000, np.float32))
+    assert language.detect([SimpleNamespace(path="x.wav")], "multi", "cpu", True) is None
+    assert lengths == [3 * 16000]

@@ -98,6 +98,24 @@ def test_speech_is_found_by_vad():
     assert spans and spans[0][0] < 1.2 * SR and spans[-1][1] > 12.0 * SR
 
 
+def test_vad_answers_the_same_samples_again_from_memory(monkeypatch):
+    """The language check runs VAD on a file's first chunk just before the pipeline reads it:
+    the same samples are answered from the last answers kept, other samples run Silero."""
+    x = audio.read_audio(SAMPLES / "meeting.wav", SR)[: 13 * SR]
+    first = audio.speech_spans(x, SR)
+    calls = []
+    silero = audio._silero_spans
+    monkeypatch.setattr(audio, "_silero_spans", lambda y, sr: calls.append(len(y)) or silero(y, sr))
+    assert audio.speech_spans(x.copy(), SR) == first and calls == []  # same samples, another array
+    other = x[: 8 * SR]
+    assert audio.speech_spans(other, SR) == audio._silero_spans(other, SR)
+    assert calls == [8 * SR, 8 * SR]  # a new chunk runs Silero
+    y = x.copy()
+    y[SR] += 0.01  # one sample changed: not the same chunk
+    audio.speech_spans(y, SR)
+    assert calls[-1] == 13 * SR
+
+
 # --------------------------------------------------------------------------- timestamps
 
 

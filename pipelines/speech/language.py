@@ -9,7 +9,8 @@ TranscribePipeline.advise_model) for a second look at the job:
   configs/models.toml, whisper-base) with no detection needed.
 - no ``--language``: the multilingual model's language detector hears the first speech of the
   first file (up to DETECT_S seconds found by VAD; Whisper's encoder runs on just those frames,
-  not a padded 30 s window, which makes it ~4x cheaper and was as sure on the samples). Not English
+  not a padded 30 s window, which makes it ~4x cheaper and was as sure on the samples; the first
+  QUICK_S seconds first, which settle a clear English at half the cost). Not English
   (p >= MIN_PROB): the default switches to the multilingual model; an English-only model the user
   named stays, with a warning naming the multilingual alias.
 
@@ -36,6 +37,13 @@ from taskrun.tasks.base import Input, ModelCard, TaskError
 # meeting) and named every sample alike, but the German sample is only sure from 4 s (3 s: de
 # p=0.37, below MIN_PROB; 2 s: en): 8 s keeps a margin for a greeting or a name at the start.
 DETECT_S = 8.0
+# English is heard first on the first QUICK_S seconds: where the detector is that sure of it
+# (p >= SURE_EN), the job goes on as asked without the full DETECT_S pass. On every English sample
+# the project has, 4 s gave en at p >= 0.99 (the meeting, the LibriVox sentences; 91 against
+# 201 ms on the meeting); anything else (another language, an unsure English, a short clip) is
+# heard again on the whole DETECT_S, so the switch is decided exactly as before.
+QUICK_S = 4.0
+SURE_EN = 0.95
 DETECTOR_DTYPE = "int8"  # loads and runs faster than float32 and needs a quarter of the memory
 LOOK_S = 60.0  # how far into the file to look for that much speech
 MIN_PROB = 0.5  # below this the detector is not sure: keep the model asked for
@@ -128,7 +136,9 @@ def detect(inputs: list[Input], alias: str, device: str, offline: bool,
             return None
         if meanwhile is not None:
             pool.submit(meanwhile)
-        lang, prob = engine.detect_language(speech)
+        lang, prob = engine.detect_language(speech[: int(QUICK_S * 16000)])
+        if len(speech) > QUICK_S * 16000 and not (lang == "en" and prob >= SURE_EN):
+            lang, prob = engine.detect_language(speech)
     return (inp.path, lang, prob) if lang != "en" and prob >= MIN_PROB else None
 
 
