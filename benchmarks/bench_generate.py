@@ -6,10 +6,12 @@ the paths, so a noisy neighbour hits them alike):
   taskrun_default       what `run generate` uses: the llama.cpp engine when llama-cpp-python is installed
   taskrun_transformers  `--runtime transformers`: the lean torch decoder on float16 weights (the former default)
   plain_fp32_generate   transformers `model.generate`, float32, the GGUF converted once
-  llamacpp_generate     llama-cpp-python direct, `Llama.generate` (token loop, greedy, no text handling)
+  llamacpp_generate     llama-cpp-python direct, `Llama.generate` (token loop, greedy, no text handling),
+                        every core for prompt and decode
   llamacpp_completion   llama-cpp-python direct, `Llama.create_completion(stream=True)` (what users call)
-  llamacpp_generate_1t  as llamacpp_generate with one prompt thread (ggml's spinning barrier makes two
-                        threads slow beside busy neighbours; taskrun picks the count per prompt)
+  llamacpp_generate_1t  as llamacpp_generate on one thread for both (llama-cpp-python's own default
+                        on 2 cores, cpu_count // 2; ggml's spinning barrier makes two threads slow
+                        beside busy neighbours; taskrun picks the count per prompt and while decoding)
 The ratios ×lc compare with the best llama.cpp direct variant of each measure (decode, TTFT).
 Each child loads its model, runs one warm-up answer on another prompt, then ``--reps`` answers on a
 fresh KV state (llama-cpp-python's prompt cache is reset, so no prompt is ever reused).
@@ -60,10 +62,12 @@ DIRECT = ("llamacpp_generate", "llamacpp_completion", "llamacpp_generate_1t")
 
 
 def threads() -> tuple[int, int]:
-    """(decode, prompt) threads: what taskrun uses (pipelines/device.py), given to every path."""
+    """(decode, prompt) threads of the llama.cpp direct paths: every core for both, the best fixed
+    choice on a quiet machine (taskrun's llama.cpp engine takes the cores free at the time; its
+    torch paths decode on one thread, pipelines/device.py). TASKRUN_DECODE_THREADS fixes decode."""
     from taskrun.pipelines.device import cpu_threads
 
-    return int(os.environ.get("TASKRUN_DECODE_THREADS", "1")), cpu_threads()
+    return int(os.environ.get("TASKRUN_DECODE_THREADS", "0") or 0) or cpu_threads(), cpu_threads()
 
 
 # --------------------------------------------------------------------------- one path, in a child
@@ -127,7 +131,7 @@ def _plain():
     return run, {"runtime": "transformers generate", "dtype": "float32"}
 
 
-def _direct(completion: bool, prompt_threads: int = 0):
+def _direct(completion: bool, fixed_threads: int = 0):
     from llama_cpp import Llama
 
     from taskrun.models.gguf import gguf_file
@@ -135,7 +139,7 @@ def _direct(completion: bool, prompt_threads: int = 0):
 
     card = resolve("smollm2-135m")
     dec, pre = threads()
-    pre = prompt_threads or pre
+    dec, pre = fixed_threads or dec, fixed_threads or pre
     llm = Llama(str(gguf_file(card)), n_ctx=2048, n_threads=dec, n_threads_batch=pre, verbose=False)
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 

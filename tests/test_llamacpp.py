@@ -474,3 +474,50 @@ def test_prompt_threads_count_free_cores_of_the_whole_machine(monkeypatch):
     assert prompt_threads() == 2
     monkeypatch.setattr(device, "others_running", lambda **kw: 3)
     assert prompt_threads() == 4
+
+
+def test_decode_threads_are_the_free_cores_unless_fixed(monkeypatch):
+    """Single-token steps take every core no other process is running on now; TASKRUN_DECODE_THREADS
+    fixes the count (0: every core)."""
+    from taskrun.pipelines import device
+    from taskrun.pipelines.llm.llamacpp_native import decode_threads
+
+    monkeypatch.delenv("TASKRUN_DECODE_THREADS", raising=False)
+    monkeypatch.delenv("TASKRUN_THREADS", raising=False)
+    monkeypatch.setattr(device, "cpu_threads", lambda: 2)
+    monkeypatch.setattr(device, "cpu_count", lambda: 2)
+    monkeypatch.setattr(device, "others_running", lambda **kw: 0)
+    assert decode_threads() == 2  # a quiet machine: both cores
+    monkeypatch.setattr(device, "others_running", lambda **kw: 1)
+    assert decode_threads() == 1  # a busy neighbour: ggml's barrier would wait for its core
+    monkeypatch.setenv("TASKRUN_DECODE_THREADS", "2")
+    assert decode_threads() == 2
+    monkeypatch.setenv("TASKRUN_DECODE_THREADS", "0")
+    assert decode_threads() == 2
+
+
+def test_the_decode_thread_count_follows_the_machine_while_it_answers(llm, monkeypatch):
+    """The engine looks at the free cores as the answer starts and every RECHECK steps after:
+    a neighbour that starts mid-answer takes a thread away, and gives it back when it stops. The
+    tokens do not depend on the count."""
+    from taskrun.pipelines.llm import llamacpp
+
+    llm.eos = set()
+    ids = llm.prompt_ids(contract.PROMPT)
+    monkeypatch.setattr(llamacpp, "native_decode_threads", lambda: 1)
+    one, _ = contract._decode(llm, ids, max_tokens=3 * llamacpp.RECHECK)
+    looks, counts = [], []
+    machine = iter([2, 1, 2, 2, 2])  # quiet at the start, busy at the first recheck, then quiet
+
+    def look():
+        looks.append(len(looks))
+        return next(machine)
+
+    real = llm.native.decode_on
+    monkeypatch.setattr(llamacpp, "native_decode_threads", look)
+    monkeypatch.setattr(llm.native, "decode_on", lambda n: counts.append(n) or real(n))
+    llm.native.clear()  # a fresh prompt read: the same start as the first answer
+    moved, _ = contract._decode(llm, ids, max_tokens=3 * llamacpp.RECHECK)
+    assert counts == [2, 1, 2]  # at the start, and at steps 16 and 32 of the 47 after the first token
+    assert llm.native.n_threads == 2
+    assert moved.token_ids == one.token_ids

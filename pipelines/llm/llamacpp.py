@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -45,6 +46,7 @@ from taskrun.pipelines import cached_model
 from taskrun.pipelines.device import decode_threads
 from taskrun.pipelines.llm.engine import LLMEngine
 from taskrun.pipelines.llm.llamacpp_native import Native, file_type, library, prompt_copy, wants_prompt_copy
+from taskrun.pipelines.llm.llamacpp_native import decode_threads as native_decode_threads
 from taskrun.tasks.base import ModelCard, TaskError
 
 MIN_CTX = 512  # the smallest KV cache made: a short job's cache, grown by powers of two on demand
@@ -52,6 +54,9 @@ MIN_CTX = 512  # the smallest KV cache made: a short job's cache, grown by power
 # and a fresh read goes through the float16 prompt copy (better first-token logits, see
 # llamacpp_native). 16 tokens is less than a chat template's system header.
 MIN_REUSE = 16
+# Single-token steps between two looks at how many cores other processes leave free (~2 ms a look;
+# 16 steps of SmolLM2-135M are ~150 ms, so a look costs ~1% and a new neighbour is seen within ~0.2 s).
+RECHECK = 16
 
 
 class LlamaCppEngine(LLMEngine):
@@ -72,6 +77,7 @@ class LlamaCppEngine(LLMEngine):
         self._strs: list[str] | None = None
         self._texts: list[tuple[bytes, bool]] | None = None  # token pieces, read once (_pieces)
         self._one = (lib.llama_token * 1)()
+        self._steps = 0  # single-token steps since decoding() began (RECHECK counts them)
         self.cached_tokens = 0  # prompt tokens the last prefill kept from the KV cache (not read again)
         # the float16 copy that reads prompts (llamacpp_native), made and loaded on the first one
         self.prompt_native: Native | None = None
@@ -269,16 +275,25 @@ class LlamaCppEngine(LLMEngine):
         return logits
 
     def decode_step(self, token: int):
+        self._steps += 1
+        if self._steps % RECHECK == 0:  # a neighbour may have started (or stopped) since the last look
+            self.native.decode_on(native_decode_threads())
         self._one[0] = token
         return self._logits(self.native.eval(self._one, 1))
 
     def free(self) -> None:
         """Nothing: the KV cache stays for the next job's shared prefix (see the module's docstring)."""
 
+    @contextmanager
     def decoding(self):
-        """Torch (a sampled draw's softmax; greedy stays in numpy) on one thread between steps,
-        as for the transformers engine: its pool's wake-ups cost more than 49k-float reductions."""
-        return decode_threads(self.device)
+        """llama.cpp's single-token steps on the cores free as the answer starts (looked at again
+        every RECHECK steps: llamacpp_native.decode_threads). Torch (a sampled draw's softmax;
+        greedy stays in numpy) on one thread between steps, as for the transformers engine: its
+        pool's wake-ups cost more than 49k-float reductions."""
+        self._steps = 0
+        self.native.decode_on(native_decode_threads())
+        with decode_threads(self.device):
+            yield
 
 
 def _shared(a: list[int], b: list[int]) -> int:

@@ -78,32 +78,49 @@ def file_type(meta: dict) -> str:
 
 
 def decode_threads() -> int:
-    """Threads for single-token steps: TASKRUN_DECODE_THREADS (1 by default), as
-    pipelines/device.py's decode_threads sets them for torch."""
-    from taskrun.pipelines.device import cpu_threads
+    """Threads for single-token steps: TASKRUN_DECODE_THREADS when set (0: every core), else the
+    cores other processes leave free right now (free_threads), as for prompts. The engine asks again
+    every RECHECK steps while it decodes (llamacpp.py), so a neighbour that starts mid-answer
+    takes a thread away within a few hundred milliseconds.
 
-    n = int(os.environ.get("TASKRUN_DECODE_THREADS", "1"))
-    return n if n > 0 else cpu_threads()
+    Measured on SmolLM2-135M Q4_1 on 2 cores (`run generate`, 128 tokens, interleaved): quiet,
+    2 threads 95-105 tok/s against 65-80 on 1; beside one busy process, 2 threads 22-26 against
+    62-72 on 1 (ggml's threads meet at a spinning barrier after every operation, and one of them
+    waits for a core). Hence all free cores, and only those."""
+    fixed = os.environ.get("TASKRUN_DECODE_THREADS", "").strip()
+    if fixed:
+        from taskrun.pipelines.device import cpu_threads
+
+        n = int(fixed)
+        return n if n > 0 else cpu_threads()
+    return free_threads()
 
 
 def prompt_threads() -> int:
     """Threads for reading a prompt: every core this process may use, less those other processes
-    keep busy right now (TASKRUN_THREADS overrides).
+    keep busy right now (free_threads; TASKRUN_THREADS overrides).
 
     ggml's worker threads meet at a spinning barrier after every operation; when another process
     holds one of the cores, each barrier waits for a descheduled thread. Measured on 2 cores beside
-    busy neighbours (load ~9): 2 threads read a 120-token prompt 3-8x slower than 1 thread.
+    busy neighbours (load ~9): 2 threads read a 120-token prompt 3-8x slower than 1 thread."""
+    from taskrun.pipelines.device import cpu_threads
+
+    if os.environ.get("TASKRUN_THREADS"):
+        return cpu_threads()
+    return free_threads()
+
+
+def free_threads() -> int:
+    """The cores this process may use that other processes leave free right now.
 
     "Right now" is pipelines/device.py's others_running: the threads of other processes the
-    kernel counts runnable at this moment, the least of three looks 1 ms apart (it is asked before
-    every prompt read, so ~2 ms, not the default ~8). The machine's cores less those is what is
-    free. The 1-minute load average, used only where that count is unknown, lags: a neighbour that
-    stopped 30 s ago still counts in it, one that just started does not. Neither known: every core."""
+    kernel counts runnable at this moment, the least of three looks 1 ms apart (~2 ms, not the
+    default ~8). The machine's cores less those is what is free. The 1-minute load average, used
+    only where that count is unknown, lags: a neighbour that stopped 30 s ago still counts in it,
+    one that just started does not. Neither known: every core."""
     from taskrun.pipelines.device import cpu_count, cpu_threads, others_running
 
     cores = cpu_threads()
-    if os.environ.get("TASKRUN_THREADS"):
-        return cores
     others = others_running(looks=3, gap_s=0.001)
     if others is not None:
         return max(1, min(cores, cpu_count() - others))
@@ -125,6 +142,7 @@ class Native:
     def __init__(self, lib, path: Path) -> None:
         self.lib, self.path = lib, path
         self.ctx, self.mem, self.n_ctx = None, None, 0
+        self.n_threads = self.n_batch_threads = 1  # llama.cpp's threads for one token, and for many
         self.tokens: list[int] = []
         # (n, logits) after the last prompt read: n prompt tokens and the logits that followed them,
         # valid while tokens[:n] is that prompt's KV as it was read (keep() and clear() drop it)
@@ -145,13 +163,15 @@ class Native:
         self.free_context()
         p = lib.llama_context_default_params()
         p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max = size, BATCH, BATCH, 1
-        p.n_threads, p.n_threads_batch, p.no_perf = decode_threads(), prompt_threads(), True
+        self.n_threads = decode_threads()
+        p.n_threads, p.n_threads_batch, p.no_perf = self.n_threads, prompt_threads(), True
         _LOG.clear()
         self.ctx = lib.llama_init_from_model(self.model, p) or None
         if self.ctx is None:
             raise TaskError(f"llama.cpp could not make a {size}-token context for {self.path.name} "
                             f"({log_tail()}); free memory or shorten the job")
         self.mem, self.n_ctx = lib.llama_get_memory(self.ctx), lib.llama_n_ctx(self.ctx)
+        self.n_batch_threads = p.n_threads_batch
         self.tokens, self.prompt_end = [], None
 
     @property
@@ -183,7 +203,8 @@ class Native:
             raise TaskError(f"the sequence outgrew its {self.n_ctx}-token KV cache; this is a bug in "
                             f"the caller's room estimate (report it)")
         if n > 1:
-            lib.llama_set_n_threads(self.ctx, decode_threads(), prompt_threads())
+            self.n_batch_threads = prompt_threads()
+            lib.llama_set_n_threads(self.ctx, self.n_threads, self.n_batch_threads)
         for start in range(0, n, BATCH):
             k = min(BATCH, n - start)
             part = arr if k == n else (lib.llama_token * k).from_buffer(arr, start * ctypes.sizeof(lib.llama_token))
@@ -194,6 +215,12 @@ class Native:
                 raise TaskError(f"llama.cpp failed to evaluate {k} tokens (llama_decode returned {rc})")
             self.tokens.extend(part[:k])
         return lib.llama_get_logits_ith(self.ctx, -1)
+
+    def decode_on(self, n: int) -> None:
+        """Single-token steps on ``n`` threads from now on (prompts keep theirs)."""
+        if self.ctx is not None and n != self.n_threads:
+            self.lib.llama_set_n_threads(self.ctx, n, self.n_batch_threads)
+            self.n_threads = n
 
     def move_kv_to(self, other: Native) -> bool:
         """Hand this context's sequence (its KV cache) to ``other``, whose model has the same shape."""
