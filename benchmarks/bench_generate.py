@@ -286,6 +286,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=0)
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    from taskrun.runner.bench_core import host
+
+    facts = host(bandwidth=True)  # before the contenders warm the machine
     n = args.tokens or (32 if args.quick else 64)
     reps = args.reps or (2 if args.quick else 3)
     if args.child:
@@ -303,7 +306,7 @@ def main() -> None:
     same = {p: rows[p][0].get("token_ids") == rows["taskrun_default"][0].get("token_ids") for p in PATHS}
     result = {"model": "smollm2-135m", "new_tokens": n, "rounds": rounds, "reps": reps, "threads": threads(),
               "paths": table, "greedy_tokens_equal_to_default": same, "cold_start": cold, "quality": guard,
-              "loadavg_1min": os.getloadavg()[0], "quick": args.quick}
+              "loadavg_1min": os.getloadavg()[0], "quick": args.quick, "host": facts}
     out = ROOT / "benchmarks" / "results" / "generate.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))

@@ -186,9 +186,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer rounds")
     a = ap.parse_args()
+    from taskrun.runner.bench_core import host
+
+    facts = host(bandwidth=True)  # before the contenders warm the machine
     rounds = 4 if a.quick else 8
     results = {"digits": bench_digits(rounds), "tiny_sd": bench_sd(4 if a.quick else 6),
-               "rounds": rounds, "threads": torch.get_num_threads(),
+               "rounds": rounds, "threads": torch.get_num_threads(), "host": facts,
                "note": "2 shared CPU cores, busy with other jobs: compare ratios from the same run, "
                        "not absolute numbers"}
     print(f"{'model':<10} {'taskrun s/step':>15} {'reference s/step':>17} {'speedup':>8} "

@@ -53,6 +53,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--files", type=int, default=64)
     args = ap.parse_args()
+    from taskrun.runner.bench_core import host
+
+    facts = host(bandwidth=True)  # before the contenders warm the machine
     with tempfile.TemporaryDirectory(prefix="taskrun-index-bench-") as tmp:
         corpus = Path(tmp) / "corpus"
         make_corpus(corpus, args.files)
@@ -65,7 +68,7 @@ def main() -> None:
         unchanged = search(corpus, env)
     ratio = edited["index_s"] / first["index_s"] if first["index_s"] else None
     result = {"first": first, "after_one_edit": edited, "unchanged": unchanged,
-              "reindex_ratio": None if ratio is None else round(ratio, 4), "target": "<= 0.05"}
+              "reindex_ratio": None if ratio is None else round(ratio, 4), "target": "<= 0.05", "host": facts}
     print(json.dumps(result, indent=1))
     out = ROOT / "benchmarks/results/search_index.json"
     out.write_text(json.dumps(result, indent=1) + "\n")

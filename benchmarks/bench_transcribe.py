@@ -298,11 +298,15 @@ def main() -> None:
             old = json.loads(out.read_text()) if out.exists() else {}
             out.write_text(json.dumps({**old, "memory": mem}, indent=1) + "\n")
             return
+    from taskrun.runner.bench_core import host
+
+    facts = host(bandwidth=True)  # measured before the contenders warm the machine
     with tempfile.TemporaryDirectory() as d:
         audio = long_audio(args.long, Path(d)) if args.long else AUDIO
         result = speed(audio, max(1, args.long), args.rounds or (1 if args.quick else 3),
                        transformers=not args.long or args.transformers)
     result["command"] = "python " + " ".join(sys.argv)
+    result["host"] = facts
     if mem is not None:
         result["memory"] = mem
     out.write_text(json.dumps(result, indent=1) + "\n")

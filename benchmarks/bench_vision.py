@@ -49,6 +49,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0,
                     help="torch intra-op threads for every path (default: torch's own choice)")
     args = ap.parse_args()
+    from taskrun.runner.bench_core import host
+
+    facts = host(bandwidth=True)  # before the contenders warm the machine
     if args.quick:
         args.n, args.rounds = 16, 1
 
@@ -141,7 +144,7 @@ def main() -> None:
     latency_inside = {k: round(min(v), 4) for k, v in inside.items()}
 
     result = {
-        "benchmark": "vision", "classifier": card.name, "classifier_digest": card.digest,
+        "benchmark": "vision", "host": facts, "classifier": card.name, "classifier_digest": card.digest,
         "images": args.n, "rounds": args.rounds, "threads": torch.get_num_threads(),
         "taskrun_auto_dtype": auto_dtype,
         "images_per_s": {k: round(v, 1) for k, v in rates.items()},

@@ -48,9 +48,10 @@ def bench(task: str, model: str | None = None, against: tuple[str, ...] = (), ro
     processes beside it) and return the JSON result (runner/bench_core.py's report, with quality).
     A contender that fails, or whose load or call takes longer than ``timeout`` seconds, drops out
     and is listed under ``failed``; the others are still measured."""
-    from taskrun.runner.bench_core import Skipped, busy_neighbours, can_isolate, measure, report
+    from taskrun.runner.bench_core import Skipped, busy_neighbours, can_isolate, host, measure, report
 
     suite = suite_for(task, model, against, data, quick)
+    facts = host(bandwidth=True)  # before any contender or busy neighbour warms the machine
     isolate = isolate and can_isolate()
     if not isolate:  # what it sets would reach the others, and come too late for itself
         for c in [c for c in suite.contenders if c.own_process]:
@@ -62,7 +63,7 @@ def bench(task: str, model: str | None = None, against: tuple[str, ...] = (), ro
     ran = {m.name: m.output for m in measured if not m.failed}
     quality = suite.quality(ran) if suite.quality and ran else None
     return report(suite.task, suite.model, rounds, suite.units, suite.unit, measured, suite.skipped, trace, quality,
-                  isolated=isolate, busy=busy)
+                  isolated=isolate, busy=busy, host_facts=facts)
 
 
 def table(result: dict) -> str:
@@ -72,7 +73,7 @@ def table(result: dict) -> str:
         where += f" · {result['host']['busy_neighbours']} busy neighbour(s)"
     lines = [f"{result['task']} · {result['model']} · {result['units_per_run']} {unit} per run · "
              f"{result['rounds']} rounds · {where} · {result['host']['cpus']} CPUs "
-             f"(load {result['host']['load_average_1min']})",
+             f"(load {result['host']['load_average_1min']})" + _machine(result["host"]),
              f"{'contender':<26}{'cold s':>9}{'warm s':>9}{'spread':>8}{unit + '/s':>13}  quality / how"]
     for r in result["contenders"]:
         q = " ".join(f"{k}={v}" for k, v in (r.get("quality") or {}).items())
@@ -85,6 +86,16 @@ def table(result: dict) -> str:
     for k, v in result["ratios"].items():
         lines.append(f"ratio {k}: {v}x")
     return "\n".join(lines)
+
+
+def _machine(facts: dict) -> str:
+    """The CPU, its relevant instruction sets and the measured memory bandwidth, for the header."""
+    parts = [facts[k] for k in ("cpu",) if facts.get(k)]
+    if facts.get("isa"):
+        parts.append(" ".join(facts["isa"]))
+    if facts.get("memory_bandwidth_gbs"):
+        parts.append(f"memory {facts['memory_bandwidth_gbs']} GB/s")
+    return "\n" + " · ".join(parts) if parts else ""
 
 
 @click.command("bench")

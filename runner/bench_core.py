@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -297,15 +298,58 @@ def busy_neighbours(n: int):
             p.wait()
 
 
-def host() -> dict:
-    """What the numbers were measured on (they mean little without it)."""
+# The instruction sets that decide which kernels a CPU runs (bf16 and VNNI units change which runtime
+# is fastest for embed and classify; without them float32 is the ceiling)
+ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+BANDWIDTH_MIB = 512  # the buffer the bandwidth probe copies: well past any CPU's last-level cache
+
+
+def cpu_facts(cpuinfo: str | None = None) -> dict:
+    """The CPU's model name and which of ISA_FLAGS it has, from /proc/cpuinfo (Linux); empty where
+    there is none."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = open("/proc/cpuinfo", encoding="utf-8", errors="replace").read()
+        except OSError:
+            return {}
+    name = re.search(r"^model name\s*:\s*(.+)$", cpuinfo, re.M)
+    flags = re.search(r"^flags\s*:\s*(.+)$", cpuinfo, re.M)
+    have = set(flags.group(1).split()) if flags else set()
+    return {"cpu": name.group(1).strip() if name else None, "isa": [f for f in ISA_FLAGS if f in have]}
+
+
+def memory_bandwidth_gbs(mib: int = BANDWIDTH_MIB, repeats: int = 5) -> float | None:
+    """Host memory bandwidth in GB/s: a ``mib`` MiB numpy copy, bytes read plus bytes written over
+    the best of ``repeats`` copies. The same probe the README's tables quote: absolute rates move
+    with it (10-37 GB/s across this project's hosts), same-run ratios do not."""
+    try:
+        import numpy as np
+    except ImportError:
+        return None
+    src = np.ones(mib * 2**20 // 8)
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t)
+    return round(2 * src.nbytes / best / 1e9, 1)
+
+
+def host(bandwidth: bool = False) -> dict:
+    """What the numbers were measured on (they mean little without it). ``bandwidth`` adds the
+    measured memory bandwidth (about a second and 1 GiB of memory for the probe)."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:
         cpus = os.cpu_count() or 1
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    return {"machine": platform.machine(), "processor": platform.processor() or None, "cpus": cpus,
-            "load_average_1min": None if load is None else round(load, 2), "python": platform.python_version()}
+    facts = {"machine": platform.machine(), "processor": platform.processor() or None, "cpus": cpus,
+             "load_average_1min": None if load is None else round(load, 2), "python": platform.python_version()}
+    facts |= cpu_facts()
+    if bandwidth:
+        facts["memory_bandwidth_gbs"] = memory_bandwidth_gbs()
+    return facts
 
 
 def ratios(rows: list[dict], unit: str) -> dict:
@@ -318,10 +362,12 @@ def ratios(rows: list[dict], unit: str) -> dict:
 
 def report(task: str, model: str, rounds: int, units: float, unit: str, measured: list[Measured],
            skipped: list[Skipped], trace: list[str], quality: dict | None = None,
-           isolated: bool = False, busy: int = 0) -> dict:
+           isolated: bool = False, busy: int = 0, host_facts: dict | None = None) -> dict:
     """The JSON result of one bench run. ``isolated``: each contender ran in its own process;
     ``busy``: that many spinning neighbour processes ran beside it. A contender that failed is
-    listed under ``failed`` with its reason, not among the measured ones."""
+    listed under ``failed`` with its reason, not among the measured ones. ``host_facts``: what
+    ``host()`` said before the contenders ran (the bandwidth probe belongs before them, on a
+    machine they are not yet warming); read now when not given."""
     rows = [m.summary(units, unit) for m in measured if not m.failed]
     for row in rows:
         if quality and row["name"] in quality:
@@ -330,4 +376,4 @@ def report(task: str, model: str, rounds: int, units: float, unit: str, measured
             "contenders": rows, "skipped": [{"name": s.name, "reason": s.reason} for s in skipped],
             "failed": [{"name": m.name, "role": m.role, "reason": m.failed} for m in measured if m.failed],
             "ratios": ratios(rows, unit), "order": trace, "isolated": isolated,
-            "host": host() | {"busy_neighbours": busy}}
+            "host": (host_facts or host()) | {"busy_neighbours": busy}}

@@ -335,3 +335,48 @@ def test_run_bench_reports_a_failed_reference_measures_the_rest_and_exits_non_ze
     assert "1 contender(s) failed: ref" in result.stderr
     result = CliRunner().invoke(main, ["bench", "embed", "--rounds", "1"])
     assert result.exit_code == 1 and "failed: ref: ValueError: bad shape" in result.stdout
+
+
+ZEN3 = """processor\t: 0
+model name\t: AMD EPYC 7B13 64-Core Processor
+flags\t\t: fpu sse2 avx f16c fma avx2 bmi2 sha_ni
+"""
+SAPPHIRE = """model name\t: Intel(R) Xeon(R) Platinum 8481C
+flags\t\t: avx2 fma f16c avx512f avx512_vnni avx512_bf16 amx_bf16 amx_int8 amx_tile
+"""
+
+
+def test_host_facts_name_the_cpu_and_the_instruction_sets_that_pick_the_kernels():
+    assert bench_core.cpu_facts(ZEN3) == {"cpu": "AMD EPYC 7B13 64-Core Processor", "isa": ["avx2", "fma", "f16c"]}
+    assert bench_core.cpu_facts(SAPPHIRE)["isa"] == ["avx2", "fma", "f16c", "avx512f", "avx512_vnni",
+                                                     "avx512_bf16", "amx_bf16", "amx_int8"]
+    assert bench_core.cpu_facts("") == {"cpu": None, "isa": []}
+
+
+def test_memory_bandwidth_is_a_copys_bytes_read_and_written_over_its_best_time(monkeypatch):
+    ticks = iter([0.0, 0.5, 1.0, 1.25, 2.0, 2.75])  # copies of 0.5, 0.25 and 0.75 s
+    monkeypatch.setattr(bench_core.time, "perf_counter", lambda: next(ticks))
+    # 64 MiB read + 64 MiB written in the best copy's 0.25 s
+    assert bench_core.memory_bandwidth_gbs(mib=64, repeats=3) == round(2 * 64 * 2**20 / 0.25 / 1e9, 1)
+    monkeypatch.undo()
+    real = bench_core.memory_bandwidth_gbs(mib=16, repeats=2)
+    assert real is None or real > 0
+
+
+def test_run_bench_measures_the_host_before_the_contenders_and_prints_it(monkeypatch):
+    from taskrun.runner import bench_cmd
+
+    events = []
+    monkeypatch.setattr(bench_core, "memory_bandwidth_gbs", lambda: events.append("bandwidth") or 31.5)
+    zen3 = bench_core.cpu_facts(ZEN3)
+    monkeypatch.setattr(bench_core, "cpu_facts", lambda: zen3)
+    monkeypatch.setattr(bench_cmd, "suite_for", lambda *a: bench_suites.Suite(
+        "embed", "m", "sentences", 1, [_pid_contender("taskrun", "taskrun")]))
+    real = bench_core.measure
+    monkeypatch.setattr(bench_core, "measure", lambda *a, **kw: events.append("measure") or real(*a, **kw))
+    result = CliRunner().invoke(main, ["bench", "embed", "--rounds", "1", "--in-process"])
+    assert result.exit_code == 0, result.output
+    assert events == ["bandwidth", "measure"]
+    assert "AMD EPYC 7B13 64-Core Processor · avx2 fma f16c · memory 31.5 GB/s" in result.output
+    out = bench_cmd.bench("embed", rounds=1, isolate=False)
+    assert out["host"]["memory_bandwidth_gbs"] == 31.5 and out["host"]["isa"] == ["avx2", "fma", "f16c"]
