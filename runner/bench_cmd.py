@@ -48,10 +48,12 @@ def bench(task: str, model: str | None = None, against: tuple[str, ...] = (), ro
     processes beside it) and return the JSON result (runner/bench_core.py's report, with quality).
     A contender that fails, or whose load or call takes longer than ``timeout`` seconds, drops out
     and is listed under ``failed``; the others are still measured."""
-    from taskrun.runner.bench_core import Skipped, busy_neighbours, can_isolate, host, measure, report
+    from taskrun.runner.bench_core import (Skipped, busy_neighbours, can_isolate, cpu_ticks, host, measure, report,
+                                           steal_pct)
 
     suite = suite_for(task, model, against, data, quick)
     facts = host(bandwidth=True)  # before any contender or busy neighbour warms the machine
+    ticks = cpu_ticks()
     isolate = isolate and can_isolate()
     if not isolate:  # what it sets would reach the others, and come too late for itself
         for c in [c for c in suite.contenders if c.own_process]:
@@ -63,7 +65,7 @@ def bench(task: str, model: str | None = None, against: tuple[str, ...] = (), ro
     ran = {m.name: m.output for m in measured if not m.failed}
     quality = suite.quality(ran) if suite.quality and ran else None
     return report(suite.task, suite.model, rounds, suite.units, suite.unit, measured, suite.skipped, trace, quality,
-                  isolated=isolate, busy=busy, host_facts=facts)
+                  isolated=isolate, busy=busy, host_facts=facts | {"cpu_steal_pct": steal_pct(ticks, cpu_ticks())})
 
 
 def table(result: dict) -> str:
@@ -95,6 +97,8 @@ def _machine(facts: dict) -> str:
         parts.append(" ".join(facts["isa"]))
     if facts.get("memory_bandwidth_gbs"):
         parts.append(f"memory {facts['memory_bandwidth_gbs']} GB/s")
+    if facts.get("cpu_steal_pct") is not None:
+        parts.append(f"{facts['cpu_steal_pct']}% of CPU time stolen by the hypervisor during the run")
     return "\n" + " · ".join(parts) if parts else ""
 
 

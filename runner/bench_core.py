@@ -336,6 +336,29 @@ def memory_bandwidth_gbs(mib: int = BANDWIDTH_MIB, repeats: int = 5) -> float | 
     return round(2 * src.nbytes / best / 1e9, 1)
 
 
+def cpu_ticks(stat: str | None = None) -> tuple[int, int] | None:
+    """(steal, total) CPU ticks since boot, from /proc/stat's first line (Linux; None elsewhere).
+    Steal is time the hypervisor gave this VM's CPUs to someone else."""
+    if stat is None:
+        try:
+            stat = open("/proc/stat", encoding="ascii").readline()
+        except OSError:
+            return None
+    fields = stat.split()
+    if not fields or fields[0] != "cpu" or len(fields) < 9:
+        return None
+    ticks = [int(x) for x in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    return ticks[7], sum(ticks)
+
+
+def steal_pct(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The share of CPU time stolen by the hypervisor between two ``cpu_ticks`` readings: on a
+    shared VM, a run with a few percent stolen is a noisy run, whatever its load average says."""
+    if not before or not after or after[1] <= before[1]:
+        return None
+    return round(100 * (after[0] - before[0]) / (after[1] - before[1]), 1)
+
+
 def host(bandwidth: bool = False) -> dict:
     """What the numbers were measured on (they mean little without it). ``bandwidth`` adds the
     measured memory bandwidth (about a second and 1 GiB of memory for the probe)."""

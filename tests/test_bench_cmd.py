@@ -370,6 +370,8 @@ def test_run_bench_measures_the_host_before_the_contenders_and_prints_it(monkeyp
     monkeypatch.setattr(bench_core, "memory_bandwidth_gbs", lambda: events.append("bandwidth") or 31.5)
     zen3 = bench_core.cpu_facts(ZEN3)
     monkeypatch.setattr(bench_core, "cpu_facts", lambda: zen3)
+    ticks = iter([(10, 1000), (13, 1100)] * 2)  # 3 of 100 ticks stolen during each run
+    monkeypatch.setattr(bench_core, "cpu_ticks", lambda: next(ticks))
     monkeypatch.setattr(bench_cmd, "suite_for", lambda *a: bench_suites.Suite(
         "embed", "m", "sentences", 1, [_pid_contender("taskrun", "taskrun")]))
     real = bench_core.measure
@@ -377,6 +379,16 @@ def test_run_bench_measures_the_host_before_the_contenders_and_prints_it(monkeyp
     result = CliRunner().invoke(main, ["bench", "embed", "--rounds", "1", "--in-process"])
     assert result.exit_code == 0, result.output
     assert events == ["bandwidth", "measure"]
-    assert "AMD EPYC 7B13 64-Core Processor · avx2 fma f16c · memory 31.5 GB/s" in result.output
+    assert "AMD EPYC 7B13 64-Core Processor · avx2 fma f16c · memory 31.5 GB/s · 3.0% of CPU time stolen" in result.output
     out = bench_cmd.bench("embed", rounds=1, isolate=False)
     assert out["host"]["memory_bandwidth_gbs"] == 31.5 and out["host"]["isa"] == ["avx2", "fma", "f16c"]
+    assert out["host"]["cpu_steal_pct"] == 3.0
+
+
+def test_cpu_steal_is_the_stolen_share_of_the_ticks_between_two_readings():
+    before = bench_core.cpu_ticks("cpu  100 0 50 800 10 0 5 35 0 0\n")
+    after = bench_core.cpu_ticks("cpu  200 0 60 900 10 0 5 55 0 0\n")
+    assert before == (35, 1000) and after == (55, 1230)
+    assert bench_core.steal_pct(before, after) == round(100 * 20 / 230, 1)
+    assert bench_core.steal_pct(None, after) is None and bench_core.steal_pct(after, after) is None
+    assert bench_core.cpu_ticks("intr 1 2 3") is None
