@@ -80,12 +80,41 @@ def ct2_spincount() -> str:
     other threads keep a core busy as it loads: there a spinning thread waits for a descheduled
     partner (measured beside one busy process: 3.73-3.75 s against 3.31-3.65 s passive). The
     choice is made once, when CTranslate2 loads."""
+    return _ct2_spin_choice()[0]
+
+
+def _ct2_spin_choice() -> tuple[str, str]:
+    """(spin count, why): ct2_spincount and the reason the run log gives for it."""
     if os.environ.get("TASKRUN_CT2_SPINCOUNT"):
-        return os.environ["TASKRUN_CT2_SPINCOUNT"]
+        return os.environ["TASKRUN_CT2_SPINCOUNT"], "TASKRUN_CT2_SPINCOUNT"
     others = others_running()
     if others is None:
-        return CT2_SPINCOUNT
-    return CT2_SPINCOUNT if others == 0 or cpu_count() - others >= cpu_threads() else "0"
+        return CT2_SPINCOUNT, "the machine's load is unknown here"
+    if others == 0 or cpu_count() - others >= cpu_threads():
+        return CT2_SPINCOUNT, f"{'no' if others == 0 else others} other thread(s) running as it loaded"
+    return "0", f"{others} other thread(s) running as it loaded, too few cores free to spin on"
+
+
+# How this process's CTranslate2 threads wait, set when it is imported: the wait changes its speed
+# 1.3x, so each transcription's run log says which one it ran with (ct2_wait_note).
+_CT2_WAIT: tuple[str, str] | None = None
+
+
+def ct2_wait_note() -> str | None:
+    """A line for the run log: how CTranslate2's threads wait in this process and why (None
+    before ctranslate2 is imported through import_ctranslate2)."""
+    if _CT2_WAIT is None:
+        return None
+    spin, why = _CT2_WAIT
+    if spin == "?":
+        return f"CTranslate2's threads wait as its libgomp was set when it loaded ({why})"
+    if spin in ("", "0"):
+        how = "wait passively"
+    elif spin.isdigit():
+        how = f"spin {int(spin):,} times before sleeping"
+    else:  # libgomp also reads counts such as 10k or "infinite"
+        how = f"spin as GOMP_SPINCOUNT={spin} says"
+    return f"CTranslate2's threads {how} ({why})"
 
 
 def cpu_count() -> int:
@@ -99,11 +128,15 @@ def import_ctranslate2():
     and torch's libgomp reads the same variable: so it is set only for this import and removed
     after. A GOMP_SPINCOUNT of the user's own is left alone; TASKRUN_CT2_SPINCOUNT sets the count
     (0: passive waits, as for torch)."""
+    global _CT2_WAIT
     if "ctranslate2" in sys.modules:
+        if _CT2_WAIT is None:  # imported by other code first: its libgomp read whatever was set then
+            _CT2_WAIT = ("?", "ctranslate2 was imported before taskrun chose how its threads wait")
         return sys.modules["ctranslate2"]
     configure_openmp()
     ours = "GOMP_SPINCOUNT" not in os.environ
-    spin = ct2_spincount() if ours else ""
+    spin, why = _ct2_spin_choice() if ours else (os.environ["GOMP_SPINCOUNT"], "your GOMP_SPINCOUNT")
+    _CT2_WAIT = (spin, why)
     ours = ours and spin not in ("", "0")
     if ours:
         os.environ["GOMP_SPINCOUNT"] = spin

@@ -81,6 +81,9 @@ def table(result: dict) -> str:
         q = " ".join(f"{k}={v}" for k, v in (r.get("quality") or {}).items())
         lines.append(f"{r['name']:<26}{r['cold_s']:>9.3f}{r['warm']['median_s']:>9.3f}"
                      f"{r['warm']['spread']:>8.1%}{r[unit + '_per_s'] or 0:>13.2f}  {q or r['note']}")
+    for r in result["contenders"]:
+        for note in r.get("ran", ()):
+            lines.append(f"ran: {r['name']}: {note}")
     for s in result["skipped"]:
         lines.append(f"skipped: {s['name']}: {s['reason']}")
     for f in result.get("failed", []):

@@ -375,6 +375,13 @@ def host(bandwidth: bool = False) -> dict:
     return facts
 
 
+def ran_notes(output: Any) -> list[str]:
+    """What a taskrun job's run log says ran beyond model, runtime and dtype (a converted copy, how
+    CTranslate2's threads waited), from its record's card; [] for a reference's plain output."""
+    card = getattr(output, "card", None)
+    return list(getattr(card, "extra", None) and card.extra.get("ran") or ())
+
+
 def ratios(rows: list[dict], unit: str) -> dict:
     """taskrun's warm throughput over each reference's, per taskrun contender (>1: taskrun faster)."""
     key = f"{unit}_per_s"
@@ -392,9 +399,12 @@ def report(task: str, model: str, rounds: int, units: float, unit: str, measured
     ``host()`` said before the contenders ran (the bandwidth probe belongs before them, on a
     machine they are not yet warming); read now when not given."""
     rows = [m.summary(units, unit) for m in measured if not m.failed]
+    ran = {m.name: ran_notes(m.output) for m in measured if not m.failed}
     for row in rows:
         if quality and row["name"] in quality:
             row["quality"] = quality[row["name"]]
+        if ran.get(row["name"]):
+            row["ran"] = ran[row["name"]]
     return {"task": task, "model": model, "rounds": rounds, "unit": unit, "units_per_run": units,
             "contenders": rows, "skipped": [{"name": s.name, "reason": s.reason} for s in skipped],
             "failed": [{"name": m.name, "role": m.role, "reason": m.failed} for m in measured if m.failed],

@@ -392,3 +392,17 @@ def test_cpu_steal_is_the_stolen_share_of_the_ticks_between_two_readings():
     assert bench_core.steal_pct(before, after) == round(100 * 20 / 230, 1)
     assert bench_core.steal_pct(None, after) is None and bench_core.steal_pct(after, after) is None
     assert bench_core.cpu_ticks("intr 1 2 3") is None
+
+
+def test_what_a_taskrun_job_ran_with_is_in_the_result_and_the_table():
+    from types import SimpleNamespace
+
+    from taskrun.runner import bench_cmd
+
+    job = SimpleNamespace(card=SimpleNamespace(extra={"ran": ["CTranslate2's threads wait passively (why)"]}))
+    measured = [bench_core.Measured("taskrun", "taskrun", "", 1.0, 1.0, [1.0], job),
+                bench_core.Measured("ref", "reference", "", 1.0, 1.0, [1.0], ["text"])]
+    out = report("transcribe", "m", 1, 10.0, "audio_s", measured, [], [])
+    assert out["contenders"][0]["ran"] == ["CTranslate2's threads wait passively (why)"]
+    assert "ran" not in out["contenders"][1]
+    assert "ran: taskrun: CTranslate2's threads wait passively (why)" in bench_cmd.table(out)

@@ -230,6 +230,20 @@ def test_tiny_ctranslate2_runs_and_timestamps_stay_in_the_audio(tiny_dir, speech
     assert 0 < m["speech_s"] <= m["audio_s"] and m["rtf_speech"] >= m["rtf"]
 
 
+def test_the_run_log_says_how_ctranslate2s_threads_waited(tiny_dir, speech):
+    """The wait is chosen for the whole process as CTranslate2 loads and moves its speed ~1.3x
+    (passive beside busy processes, spinning where cores are free), so a slow run can be told
+    from a slow machine: every transcription on it is logged with the wait it ran with."""
+    from taskrun.pipelines import device
+    from taskrun.runner.runlog import RunLog
+
+    job(speech, "--model", build_ct2(tiny_dir))
+    notes = RunLog().recent(1)[0]["notes"] or []
+    assert device.ct2_wait_note() in notes and notes[-1].startswith("CTranslate2's threads ")
+    job(speech, "--model", build_ct2(tiny_dir))  # warm: the same engine, said again
+    assert device.ct2_wait_note() in (RunLog().recent(1)[0]["notes"] or [])
+
+
 def packed_windows(seek_window_s, batch_size=1, vad=True, copies=2):
     """The windows TranscribePipeline._windows packs from ``copies`` meetings in a row, for an
     engine whose decoder seeks through ``seek_window_s`` seconds itself (None: one window each)."""
@@ -526,7 +540,9 @@ def _omp_env_after(extra_env: dict) -> list[dict[str, str]]:
             "audio.speech_spans(np.zeros(16000, np.float32), 16000)\n"
             "import os, torch\n"
             "assert ('GOMP_SPINCOUNT' in os.environ) == bool(os.environ.get('USER_SPIN'))\n"
-            "torch.ones(64, 64) @ torch.ones(64, 64)\n")
+            "torch.ones(64, 64) @ torch.ones(64, 64)\n"
+            "from taskrun.pipelines import device\n"
+            "print(device.ct2_wait_note())\n")
     env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY",
                                                               "TASKRUN_CT2_SPINCOUNT")}
     env.update(OMP_DISPLAY_ENV="VERBOSE", **extra_env)
@@ -535,7 +551,11 @@ def _omp_env_after(extra_env: dict) -> list[dict[str, str]]:
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     blocks = re.findall(r"OPENMP DISPLAY ENVIRONMENT BEGIN(.*?)OPENMP DISPLAY ENVIRONMENT END", done.stderr, re.S)
+    LAST_NOTE[:] = done.stdout.strip().splitlines()[-1:]  # what the run log says of the wait
     return [dict(re.findall(r"(\w+) = '([^']*)'", b)) for b in blocks]
+
+
+LAST_NOTE: list[str] = []  # ct2_wait_note() in _omp_env_after's last process
 
 
 def test_ctranslate2_spins_briefly_while_torch_waits_passively():
@@ -548,10 +568,14 @@ def test_ctranslate2_spins_briefly_while_torch_waits_passively():
     ct2, torch_omp = _omp_env_after({"TASKRUN_CT2_SPINCOUNT": CT2_SPINCOUNT})
     assert ct2["OMP_WAIT_POLICY"] == "PASSIVE" and ct2["GOMP_SPINCOUNT"] == CT2_SPINCOUNT
     assert torch_omp["OMP_WAIT_POLICY"] == "PASSIVE" and torch_omp["GOMP_SPINCOUNT"] == "0"
+    assert LAST_NOTE == [f"CTranslate2's threads spin {int(CT2_SPINCOUNT):,} times before sleeping "
+                         f"(TASKRUN_CT2_SPINCOUNT)"]
     ct2, torch_omp = _omp_env_after({"TASKRUN_CT2_SPINCOUNT": "0"})
     assert ct2["GOMP_SPINCOUNT"] == "0" == torch_omp["GOMP_SPINCOUNT"]
+    assert LAST_NOTE == ["CTranslate2's threads wait passively (TASKRUN_CT2_SPINCOUNT)"]
     ct2, torch_omp = _omp_env_after({"GOMP_SPINCOUNT": "300000"})
     assert ct2["GOMP_SPINCOUNT"] == "300000" == torch_omp["GOMP_SPINCOUNT"]
+    assert LAST_NOTE == ["CTranslate2's threads spin 300,000 times before sleeping (your GOMP_SPINCOUNT)"]
 
 
 def test_ctranslate2_waits_passively_when_other_processes_hold_the_cores():
@@ -569,6 +593,7 @@ def test_ctranslate2_waits_passively_when_other_processes_hold_the_cores():
             p.kill()
             p.wait()
     assert ct2["GOMP_SPINCOUNT"] == "0" == torch_omp["GOMP_SPINCOUNT"]
+    assert LAST_NOTE[0].startswith("CTranslate2's threads wait passively (") and "too few cores free" in LAST_NOTE[0]
 
 
 def test_the_spin_count_follows_the_free_cores(monkeypatch):
