@@ -31,7 +31,7 @@ def configure_openmp() -> None:
 
 # CTranslate2's libgomp spins this many times before it sleeps (libgomp's GOMP_SPINCOUNT; passive
 # is 0, libgomp's own default 300,000). Measured on `run bench transcribe`'s meeting, each setting
-# in a process of its own (README, "CTranslate2 spins briefly"): 1,000 spins ran 1.30-1.44x faster
+# in a process of its own (benchmarks/README.md, "CTranslate2 spins briefly"): 1,000 spins ran 1.30-1.44x faster
 # than passive waits on a quiet machine (2.04 vs 2.95 s) and 2-13 % slower beside one busy process
 # (3.73 vs 3.65 s), where 10,000 already collapsed (7.19 s); so it is used only where a core is
 # free for each thread (ct2_spincount). Torch's libgomp stays passive: there the same spin gained
@@ -91,8 +91,12 @@ def _ct2_spin_choice() -> tuple[str, str]:
     if others is None:
         return CT2_SPINCOUNT, "the machine's load is unknown here"
     if others == 0 or cpu_count() - others >= cpu_threads():
-        return CT2_SPINCOUNT, f"{'no' if others == 0 else others} other thread(s) running as it loaded"
-    return "0", f"{others} other thread(s) running as it loaded, too few cores free to spin on"
+        return CT2_SPINCOUNT, f"{_threads(others)} of other processes running as it loaded"
+    return "0", f"{_threads(others)} of other processes running as it loaded, too few cores free to spin on"
+
+
+def _threads(n: int) -> str:
+    return "no threads" if n == 0 else f"{n} thread" + ("s" if n > 1 else "")
 
 
 # How this process's CTranslate2 threads wait, set when it is imported: the wait changes its speed

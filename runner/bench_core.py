@@ -10,7 +10,7 @@ timed rounds after one untimed warm-up call.
 Isolated (``measure(..., isolate=True)``, what `run bench` does): each contender loads and runs
 in a fresh process of its own, as a user's program would run it. In one process the libraries
 disturb each other: a second CTranslate2 model that had run on two threads made faster-whisper's
-own decoding ~2x slower for the rest of the process (README, "Transcribe"), and every reference ran
+own decoding ~2x slower for the rest of the process (benchmarks/README.md, "Transcribe"), and every reference ran
 under taskrun's passive OpenMP waits instead of its own defaults. The parent only hands out turns,
 in the same interleaved order, and each worker times its own call, so the pipe's cost is not in
 the numbers. The workers are spawned, not forked: a fork of a process whose OpenMP pool has run

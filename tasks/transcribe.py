@@ -32,7 +32,7 @@ class Options:
     beam_size: int | None = option(None, "--beam-size",
                                    help="Beam width for Whisper (1 = greedy, the default: beam 5 was "
                                         "within 0.5 WER points of it on the project's speech samples "
-                                        "and about half as fast; see the README).")
+                                        "and about half as fast; see the README's Performance section).")
     batch_size: int = option(1, "--batch-size",
                              help="Windows of a long file decoded as one batch after its first (ctranslate2 "
                                   "and transformers; faster on long audio on a GPU or many cores, but windows "

@@ -68,7 +68,7 @@ class CT2WhisperEngine(SpeechEngine):
     # Memory grows with it: faster-whisper's STFT of the whole stretch peaks at ~1 MB per second
     # of speech (118 MB for 120 s, 294 MB for 300 s; the samples are 7.7 MB, the log-Mel 3.7 MB).
     # 120 s gave the meeting x3 and meeting.wav the same text as 300 s, and a 1-hour file 734-755 MB
-    # peak RSS instead of 844 MB (README, "Transcribe: ... one stretch").
+    # peak RSS instead of 844 MB (benchmarks/README.md, "Transcribe: ... one stretch").
     # Each stretch after the first starts prompted with the text before it, not with tokens and
     # their timestamps: tiny.en then often stops timing inside a 30 s window (one segment each).
     seek_window_s = 120.0
