@@ -286,7 +286,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=0)
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    from taskrun.runner.bench_core import host
+    from taskrun.runner.bench_host import host
 
     facts = host(bandwidth=True)  # before the contenders warm the machine
     n = args.tokens or (32 if args.quick else 64)

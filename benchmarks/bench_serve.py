@@ -225,7 +225,7 @@ def main() -> None:
         args.runs, args.cold_runs, args.rounds, args.max_tokens = 3, 1, 1, 16
     parts = set(args.only.split(","))
     log_dir = Path(tempfile.mkdtemp(prefix="bench-serve-"))
-    from taskrun.runner.bench_core import host
+    from taskrun.runner.bench_host import host
 
     result = {"benchmark": "serve", "quick": args.quick, "machine": f"{platform.machine()} {os.cpu_count()} cpus",
               "host": host(bandwidth=True),

@@ -298,7 +298,7 @@ def main() -> None:
             old = json.loads(out.read_text()) if out.exists() else {}
             out.write_text(json.dumps({**old, "memory": mem}, indent=1) + "\n")
             return
-    from taskrun.runner.bench_core import host
+    from taskrun.runner.bench_host import host
 
     facts = host(bandwidth=True)  # measured before the contenders warm the machine
     with tempfile.TemporaryDirectory() as d:

@@ -49,7 +49,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0,
                     help="torch intra-op threads for every path (default: torch's own choice)")
     args = ap.parse_args()
-    from taskrun.runner.bench_core import host
+    from taskrun.runner.bench_host import host
 
     facts = host(bandwidth=True)  # before the contenders warm the machine
     if args.quick:

@@ -48,8 +48,8 @@ def bench(task: str, model: str | None = None, against: tuple[str, ...] = (), ro
     processes beside it) and return the JSON result (runner/bench_core.py's report, with quality).
     A contender that fails, or whose load or call takes longer than ``timeout`` seconds, drops out
     and is listed under ``failed``; the others are still measured."""
-    from taskrun.runner.bench_core import (Skipped, busy_neighbours, can_isolate, cpu_ticks, host, measure, report,
-                                           steal_pct)
+    from taskrun.runner.bench_core import Skipped, busy_neighbours, can_isolate, measure, report
+    from taskrun.runner.bench_host import cpu_ticks, host, steal_pct
 
     suite = suite_for(task, model, against, data, quick)
     facts = host(bandwidth=True)  # before any contender or busy neighbour warms the machine

@@ -9,7 +9,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from taskrun.runner import bench_core, bench_suites
+from taskrun.runner import bench_core, bench_host, bench_suites
 from taskrun.runner.bench_core import Contender, measure, order_of, report
 from taskrun.runner.cli import main
 from tests.tiny.bert import build
@@ -347,19 +347,19 @@ flags\t\t: avx2 fma f16c avx512f avx512_vnni avx512_bf16 amx_bf16 amx_int8 amx_t
 
 
 def test_host_facts_name_the_cpu_and_the_instruction_sets_that_pick_the_kernels():
-    assert bench_core.cpu_facts(ZEN3) == {"cpu": "AMD EPYC 7B13 64-Core Processor", "isa": ["avx2", "fma", "f16c"]}
-    assert bench_core.cpu_facts(SAPPHIRE)["isa"] == ["avx2", "fma", "f16c", "avx512f", "avx512_vnni",
+    assert bench_host.cpu_facts(ZEN3) == {"cpu": "AMD EPYC 7B13 64-Core Processor", "isa": ["avx2", "fma", "f16c"]}
+    assert bench_host.cpu_facts(SAPPHIRE)["isa"] == ["avx2", "fma", "f16c", "avx512f", "avx512_vnni",
                                                      "avx512_bf16", "amx_bf16", "amx_int8"]
-    assert bench_core.cpu_facts("") == {"cpu": None, "isa": []}
+    assert bench_host.cpu_facts("") == {"cpu": None, "isa": []}
 
 
 def test_memory_bandwidth_is_a_copys_bytes_read_and_written_over_its_best_time(monkeypatch):
     ticks = iter([0.0, 0.5, 1.0, 1.25, 2.0, 2.75])  # copies of 0.5, 0.25 and 0.75 s
-    monkeypatch.setattr(bench_core.time, "perf_counter", lambda: next(ticks))
+    monkeypatch.setattr(bench_host.time, "perf_counter", lambda: next(ticks))
     # 64 MiB read + 64 MiB written in the best copy's 0.25 s
-    assert bench_core.memory_bandwidth_gbs(mib=64, repeats=3) == round(2 * 64 * 2**20 / 0.25 / 1e9, 1)
+    assert bench_host.memory_bandwidth_gbs(mib=64, repeats=3) == round(2 * 64 * 2**20 / 0.25 / 1e9, 1)
     monkeypatch.undo()
-    real = bench_core.memory_bandwidth_gbs(mib=16, repeats=2)
+    real = bench_host.memory_bandwidth_gbs(mib=16, repeats=2)
     assert real is None or real > 0
 
 
@@ -367,11 +367,11 @@ def test_run_bench_measures_the_host_before_the_contenders_and_prints_it(monkeyp
     from taskrun.runner import bench_cmd
 
     events = []
-    monkeypatch.setattr(bench_core, "memory_bandwidth_gbs", lambda: events.append("bandwidth") or 31.5)
-    zen3 = bench_core.cpu_facts(ZEN3)
-    monkeypatch.setattr(bench_core, "cpu_facts", lambda: zen3)
+    monkeypatch.setattr(bench_host, "memory_bandwidth_gbs", lambda: events.append("bandwidth") or 31.5)
+    zen3 = bench_host.cpu_facts(ZEN3)
+    monkeypatch.setattr(bench_host, "cpu_facts", lambda: zen3)
     ticks = iter([(10, 1000), (13, 1100)] * 2)  # 3 of 100 ticks stolen during each run
-    monkeypatch.setattr(bench_core, "cpu_ticks", lambda: next(ticks))
+    monkeypatch.setattr(bench_host, "cpu_ticks", lambda: next(ticks))
     monkeypatch.setattr(bench_cmd, "suite_for", lambda *a: bench_suites.Suite(
         "embed", "m", "sentences", 1, [_pid_contender("taskrun", "taskrun")]))
     real = bench_core.measure
@@ -386,12 +386,12 @@ def test_run_bench_measures_the_host_before_the_contenders_and_prints_it(monkeyp
 
 
 def test_cpu_steal_is_the_stolen_share_of_the_ticks_between_two_readings():
-    before = bench_core.cpu_ticks("cpu  100 0 50 800 10 0 5 35 0 0\n")
-    after = bench_core.cpu_ticks("cpu  200 0 60 900 10 0 5 55 0 0\n")
+    before = bench_host.cpu_ticks("cpu  100 0 50 800 10 0 5 35 0 0\n")
+    after = bench_host.cpu_ticks("cpu  200 0 60 900 10 0 5 55 0 0\n")
     assert before == (35, 1000) and after == (55, 1230)
-    assert bench_core.steal_pct(before, after) == round(100 * 20 / 230, 1)
-    assert bench_core.steal_pct(None, after) is None and bench_core.steal_pct(after, after) is None
-    assert bench_core.cpu_ticks("intr 1 2 3") is None
+    assert bench_host.steal_pct(before, after) == round(100 * 20 / 230, 1)
+    assert bench_host.steal_pct(None, after) is None and bench_host.steal_pct(after, after) is None
+    assert bench_host.cpu_ticks("intr 1 2 3") is None
 
 
 def test_what_a_taskrun_job_ran_with_is_in_the_result_and_the_table():
