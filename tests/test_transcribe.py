@@ -596,6 +596,25 @@ def test_ctranslate2_waits_passively_when_other_processes_hold_the_cores():
     assert LAST_NOTE[0].startswith("CTranslate2's threads wait passively (") and "too few cores free" in LAST_NOTE[0]
 
 
+def test_the_wait_note_says_each_way_the_wait_was_set(monkeypatch):
+    import sys
+    import types
+
+    from taskrun.pipelines import device
+
+    for wait, said in ((("1000", "why"), "spin 1,000 times before sleeping (why)"),
+                       (("0", "why"), "wait passively (why)"),
+                       (("10k", "your GOMP_SPINCOUNT"), "spin as GOMP_SPINCOUNT=10k says (your GOMP_SPINCOUNT)")):
+        monkeypatch.setattr(device, "_CT2_WAIT", wait)
+        assert device.ct2_wait_note() == f"CTranslate2's threads {said}"
+    monkeypatch.setattr(device, "_CT2_WAIT", None)
+    assert device.ct2_wait_note() is None
+    # ctranslate2 imported by other code before taskrun: its libgomp read whatever was set then
+    monkeypatch.setitem(sys.modules, "ctranslate2", types.ModuleType("ctranslate2"))
+    device.import_ctranslate2()
+    assert "imported before taskrun chose how its threads wait" in device.ct2_wait_note()
+
+
 def test_the_spin_count_follows_the_free_cores(monkeypatch):
     from taskrun.pipelines import device
 
