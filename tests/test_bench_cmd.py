@@ -406,3 +406,6 @@ def test_what_a_taskrun_job_ran_with_is_in_the_result_and_the_table():
     assert out["contenders"][0]["ran"] == ["CTranslate2's threads wait passively (why)"]
     assert "ran" not in out["contenders"][1]
     assert "ran: taskrun: CTranslate2's threads wait passively (why)" in bench_cmd.table(out)
+    assert "noisy host" not in bench_cmd.table(out | {"host": out["host"] | {"cpu_steal_pct": 2.8}})
+    noisy = bench_cmd.table(out | {"host": out["host"] | {"cpu_steal_pct": 7.5}})
+    assert "noisy host: the hypervisor took 7.5% of this VM's CPU time" in noisy
