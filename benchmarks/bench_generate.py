@@ -286,14 +286,14 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=0)
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    from taskrun.runner.bench_host import host
-
-    facts = host(bandwidth=True)  # before the contenders warm the machine
     n = args.tokens or (32 if args.quick else 64)
     reps = args.reps or (2 if args.quick else 3)
     if args.child:
         child(args.child, n, reps)
         return
+    from taskrun.runner.bench_host import host
+
+    facts = host(bandwidth=True)  # before the contenders warm the machine
     rounds = args.rounds or (2 if args.quick else 3)
     rows: dict[str, list[dict]] = {p: [] for p in PATHS}
     for _ in range(rounds):  # interleaved: every path once per round

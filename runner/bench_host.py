@@ -22,7 +22,8 @@ def cpu_facts(cpuinfo: str | None = None) -> dict:
     there is none."""
     if cpuinfo is None:
         try:
-            cpuinfo = open("/proc/cpuinfo", encoding="utf-8", errors="replace").read()
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+                cpuinfo = f.read()
         except OSError:
             return {}
     name = re.search(r"^model name\s*:\s*(.+)$", cpuinfo, re.M)
@@ -54,7 +55,8 @@ def cpu_ticks(stat: str | None = None) -> tuple[int, int] | None:
     Steal is time the hypervisor gave this VM's CPUs to someone else."""
     if stat is None:
         try:
-            stat = open("/proc/stat", encoding="ascii").readline()
+            with open("/proc/stat", encoding="ascii") as f:
+                stat = f.readline()
         except OSError:
             return None
     fields = stat.split()

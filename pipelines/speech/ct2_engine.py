@@ -83,8 +83,8 @@ class CT2WhisperEngine(SpeechEngine):
         self.dtype = compute_type(dtype, self.device, card.extra)
         self.model = self._load()
         note = ct2_wait_note() if self.device == "cpu" else None
-        if note:  # the wait was chosen for the whole process as CTranslate2 loaded; it moves speed 1.3x
-            card.extra["ran"] = [*card.extra.get("ran", ()), note]
+        if note and note not in card.extra.get("ran", ()):  # chosen for the whole process as
+            card.extra["ran"] = [*card.extra.get("ran", ()), note]  # CTranslate2 loaded; it moves speed 1.3x
         self.max_new_tokens = generation_limit(Path(card.path))
         self._batch = None
 
