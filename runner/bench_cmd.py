@@ -101,8 +101,9 @@ def table(result: dict) -> str:
 
 
 def _machine(facts: dict) -> str:
-    """The CPU, its relevant instruction sets and the measured memory bandwidth, for the header."""
-    parts = [facts[k] for k in ("cpu",) if facts.get(k)]
+    """The header's second line: the CPU, its relevant instruction sets, the measured memory
+    bandwidth and the CPU time stolen during the run, those that are known."""
+    parts = [facts["cpu"]] if facts.get("cpu") else []
     if facts.get("isa"):
         parts.append(" ".join(facts["isa"]))
     if facts.get("memory_bandwidth_gbs"):
