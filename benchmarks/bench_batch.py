@@ -177,7 +177,7 @@ def main() -> None:
         tmp = Path(d)
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                    TASKRUN_LOG_DB=str(tmp / "runs.db"))  # the benchmark's jobs stay out of the user's log
-        from taskrun.runner.bench_host import host
+        from taskrun.runner.bench.host import host
 
         result = {"benchmark": "batch", "quick": args.quick, "machine": f"{platform.machine()} {os.cpu_count()} cpus",
                   "host": host(bandwidth=True),

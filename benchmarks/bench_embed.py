@@ -4,7 +4,7 @@ sentences, same process; and the engine choices behind taskrun's default, measur
     python benchmarks/bench_embed.py [--n 2000] [--rounds 3] [--quick]
     python benchmarks/bench_embed.py --candidates [--n 2000] [--rounds 3]
 
-The first form is `run bench embed` (runner/bench_suites.py: the same contenders, interleaved
+The first form is `run bench embed` (runner/bench/suites.py: the same contenders, interleaved
 rounds, medians) and writes benchmarks/results/embed.json. ``--candidates`` times each text-encoder
 engine (transformers in its default dtype, onnxruntime float32) on the same length-sorted texts
 with: batches of 32 and 64 texts, 64 texts capped at 1,024 and 2,048 padded tokens, and batches
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from taskrun.runner.bench_suites import sentences  # noqa: E402  (shared with `run bench embed`)
+from taskrun.runner.bench.suites import sentences  # noqa: E402  (shared with `run bench embed`)
 
 SETTINGS = [("batch 32", 32, None, 1), ("batch 64", 64, None, 1), ("batch 64, <= 1024 tokens", 64, 1024, 1),
             ("batch 64, <= 2048 tokens", 64, 2048, 1), ("batch 32, padded to x8", 32, None, 8)]
@@ -109,7 +109,7 @@ def main() -> None:
         (out / "embed_candidates.json").write_text(json.dumps(result, indent=1) + "\n")
         return
 
-    from taskrun.runner.bench_cmd import bench, table
+    from taskrun.runner.commands.bench import bench, table
 
     data: tuple[str, ...] = ()
     if args.n not in (300, 2000):  # the suite's own sets: 300 (--quick) and 2,000 sentences

@@ -291,7 +291,7 @@ def main() -> None:
     if args.child:
         child(args.child, n, reps)
         return
-    from taskrun.runner.bench_host import host
+    from taskrun.runner.bench.host import host
 
     facts = host(bandwidth=True)  # before the contenders warm the machine
     rounds = args.rounds or (2 if args.quick else 3)

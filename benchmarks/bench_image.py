@@ -186,7 +186,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer rounds")
     a = ap.parse_args()
-    from taskrun.runner.bench_host import host
+    from taskrun.runner.bench.host import host
 
     facts = host(bandwidth=True)  # before the contenders warm the machine
     rounds = 4 if a.quick else 8

@@ -53,7 +53,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--files", type=int, default=64)
     args = ap.parse_args()
-    from taskrun.runner.bench_host import host
+    from taskrun.runner.bench.host import host
 
     facts = host(bandwidth=True)  # before the contenders warm the machine
     with tempfile.TemporaryDirectory(prefix="taskrun-index-bench-") as tmp:

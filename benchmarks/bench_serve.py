@@ -166,7 +166,7 @@ def embed_concurrency(batched: str, unbatched: str, rounds: int, clients: int = 
 def generate_streams(url: str, streams: int, max_tokens: int) -> dict:
     """``streams`` concurrent streamed generate jobs: each one's TTFT (request → first token) and
     the aggregate tokens/s over the wall time of all of them."""
-    from taskrun.runner.remote_http import stream_job
+    from taskrun.runner.remote.http import stream_job
 
     def one(i: int) -> tuple[float, float, int]:
         t0 = time.perf_counter()
@@ -225,7 +225,7 @@ def main() -> None:
         args.runs, args.cold_runs, args.rounds, args.max_tokens = 3, 1, 1, 16
     parts = set(args.only.split(","))
     log_dir = Path(tempfile.mkdtemp(prefix="bench-serve-"))
-    from taskrun.runner.bench_host import host
+    from taskrun.runner.bench.host import host
 
     result = {"benchmark": "serve", "quick": args.quick, "machine": f"{platform.machine()} {os.cpu_count()} cpus",
               "host": host(bandwidth=True),

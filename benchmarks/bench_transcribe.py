@@ -1,6 +1,6 @@
 """transcribe: taskrun's two runtimes against faster-whisper (sequential greedy, beam 5, and its
 BatchedInferencePipeline) and the transformers ASR pipeline called directly, on the same audio and
-weights in the same process, runs interleaved (taskrun/runner/bench_core.py, as `run bench`).
+weights in the same process, runs interleaved (runner/bench/core.py, as `run bench`).
 
     python benchmarks/bench_transcribe.py [--quick] [--long N [--transformers]] [--memory] [--wer-set]
 
@@ -205,8 +205,8 @@ def long_audio(copies: int, folder: Path) -> Path:
 def speed(audio: Path, copies: int, rounds: int, transformers: bool = True) -> dict:
     import soundfile as sf
 
-    from taskrun.runner.bench_core import Contender, measure
-    from taskrun.runner.bench_suites import faster_whisper_run
+    from taskrun.runner.bench.core import Contender, measure
+    from taskrun.runner.bench.suites import faster_whisper_run
 
     audio_s = sf.info(audio).duration
     contenders = [
@@ -298,7 +298,7 @@ def main() -> None:
             old = json.loads(out.read_text()) if out.exists() else {}
             out.write_text(json.dumps({**old, "memory": mem}, indent=1) + "\n")
             return
-    from taskrun.runner.bench_host import host
+    from taskrun.runner.bench.host import host
 
     facts = host(bandwidth=True)  # measured before the contenders warm the machine
     with tempfile.TemporaryDirectory() as d:

@@ -5,7 +5,7 @@
 Classification: EfficientNet-Lite0. The references are the loop a user writes from the model's
 README (per image, open it with PIL, resize to 224, scale to [-1, 1], run the float32 model on a
 batch of one) and ONNX Runtime float32 at batch 16 on the same weights with the same PIL
-preprocessing (runner/bench_classify.py: ort_loop). taskrun runs the same files through its job
+preprocessing (runner/bench/classify.py: ort_loop). taskrun runs the same files through its job
 runner (run_job: inputs, checks, the cached model, results) at --batch-size 1 and 16 on its
 default runtime (ONNX Runtime, two batches in flight, decoding on a pool), and on its torch
 runtime (bf16 where the CPU has bf16 instructions, channels_last; and float32). A step table
@@ -37,7 +37,7 @@ PHOTOS = sorted((ROOT / "samples" / "images").glob("*.jpg"))
 
 
 # the plain loop, shared with `run bench classify`
-from taskrun.runner.bench_classify import (export_reference_onnx, ort_loop, reference_loop,
+from taskrun.runner.bench.classify import (export_reference_onnx, ort_loop, reference_loop,
                                          reference_model)
 
 
@@ -49,7 +49,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0,
                     help="torch intra-op threads for every path (default: torch's own choice)")
     args = ap.parse_args()
-    from taskrun.runner.bench_host import host
+    from taskrun.runner.bench.host import host
 
     facts = host(bandwidth=True)  # before the contenders warm the machine
     if args.quick:

@@ -52,7 +52,7 @@ def cache_dir() -> Path:
         d = Path(platformdirs.user_cache_dir("taskrun"))
     try:
         d.mkdir(parents=True, exist_ok=True)
-    except OSError:  # a cache that cannot be made: each use says so (runner/paths.py warns first)
+    except OSError:  # a cache that cannot be made: each use says so (runner/output/paths.py warns first)
         pass
     return d
 

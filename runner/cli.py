@@ -1,6 +1,6 @@
 """The `run` command line. One subcommand per task, built from the task's Options dataclass, so a
-new task needs no CLI code; plus `tasks`, `models`, `fit`, `logs` (runner/info.py) and `chain`, `ask`
-(runner/chain_commands.py).
+new task needs no CLI code; plus `tasks`, `models`, `fit`, `logs` (runner/commands/info.py) and `chain`, `ask`
+(runner/commands/chain.py).
 
 Kept thin: library errors (TaskError) become one-line click errors here. Set TASKRUN_DEBUG=1 to
 see tracebacks. Importing this module must not import torch.
@@ -14,30 +14,30 @@ import os
 
 import click
 
-from taskrun.runner import runlog
+from taskrun.runner.runlog import store as runlog
 from taskrun.runner.signals import Terminated, exit_code, handle_sigterm, stdout_gone
 from taskrun.tasks import REGISTRY
 from taskrun.tasks.base import Task, TaskError
 
 # Commands that live in their own modules ("module:attribute"), imported only when used.
 EXTRA_COMMANDS: dict[str, str] = {
-    "tasks": "taskrun.runner.info:tasks_cmd",
-    "models": "taskrun.runner.info:models_cmd",
-    "logs": "taskrun.runner.info:logs_cmd",
-    "chain": "taskrun.runner.chain_commands:chain_cmd",
-    "ask": "taskrun.runner.chain_commands:ask_cmd",
-    "fit": "taskrun.runner.info:fit_cmd",
-    "serve": "taskrun.runner.serve.command:serve_cmd",
-    "batch": "taskrun.runner.batch.command:batch_cmd",
-    "chat": "taskrun.runner.chat:chat_cmd",
-    "cache": "taskrun.runner.cache_cmd:cache_cmd",
-    "bench": "taskrun.runner.bench_cmd:bench_cmd",
+    "tasks": "taskrun.runner.commands.info:tasks_cmd",
+    "models": "taskrun.runner.commands.info:models_cmd",
+    "logs": "taskrun.runner.commands.info:logs_cmd",
+    "chain": "taskrun.runner.commands.chain:chain_cmd",
+    "ask": "taskrun.runner.commands.chain:ask_cmd",
+    "fit": "taskrun.runner.commands.info:fit_cmd",
+    "serve": "taskrun.runner.commands.serve:serve_cmd",
+    "batch": "taskrun.runner.commands.batch:batch_cmd",
+    "chat": "taskrun.runner.commands.chat:chat_cmd",
+    "cache": "taskrun.runner.commands.cache:cache_cmd",
+    "bench": "taskrun.runner.commands.bench:bench_cmd",
 }
 
 
 def shown(message: str) -> str:
     """A message as the terminal shows it: control characters escaped, a huge one cut."""
-    from taskrun.runner.terminal import for_terminal
+    from taskrun.runner.output.terminal import for_terminal
 
     return for_terminal(message, 4000)
 
@@ -96,7 +96,7 @@ def _log_usage_failure(task: str, message: str) -> None:
     from datetime import datetime, timezone
 
     from taskrun.runner.jobs import new_id
-    from taskrun.runner.runlog import RunLog
+    from taskrun.runner.runlog.store import RunLog
 
     try:
         log = RunLog()
@@ -230,12 +230,12 @@ def task_command(task: Task) -> click.Command:
         extras = {k: kw.pop(k) for k in list(kw) if k in handled}
         values = {k: v for k, v in kw.items()}
         if server and not extras.get("then"):  # imports neither torch nor the chain engine: starts fast
-            from taskrun.runner.remote import execute_remote
+            from taskrun.runner.remote.client import execute_remote
 
             return execute_remote(task, server=server, api_key=api_key, inputs=inputs, files=files,
                                   values=values, model=model, runtime=runtime, device=device, dtype=dtype,
                                   json_mode=json_mode, fmt=fmt, output=output, quiet=quiet)
-        from taskrun.runner.execute import execute
+        from taskrun.runner.commands.task import execute
 
         return execute(task, inputs=inputs, files=files, values=values, model=model, runtime=runtime,
                        device=device, dtype=dtype, json_mode=json_mode, fmt=fmt, output=output,

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from taskrun.tasks.base import Input, Task, TaskError, make_options
-from taskrun.tasks.inputs import file_input, lines_of, sniff, text_input
+from taskrun.tasks.inputs import file_input, is_path, lines_of, sniff, text_input
 
 
 def gather_inputs(task: Task, args: tuple[str, ...], files: tuple[str, ...]) -> list[Input]:
@@ -52,16 +52,6 @@ def read_stdin() -> str:
     except UnicodeDecodeError as exc:
         raise TaskError(f"stdin is not UTF-8 text (byte {exc.start}: {data[exc.start:exc.start + 1]!r}); "
                         f"convert it first, e.g. `iconv -f latin1 -t utf-8`") from None
-
-
-def is_path(arg: str) -> bool:
-    """An argument names a file when one exists by that name; a long sentence is not a name."""
-    if not arg or "\n" in arg or len(arg) > 4096:
-        return False
-    try:
-        return Path(arg).exists()
-    except OSError:  # ENAMETOOLONG and friends: it is text
-        return False
 
 
 def _path_inputs(task: Task, p: Path) -> list[Input]:

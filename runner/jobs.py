@@ -1,4 +1,6 @@
-"""Running one job: resolve → check → load → run → log. Every front door (CLI, chains) uses this.
+"""Running one job: resolve → check → load → run → log. Every front door (CLI, chains, server,
+batch, the Python API) uses this: shared so that a job gives the same checks, metrics and log row
+through any door. ``run_spec`` runs a job described as data (tasks/wire/jobspec.py).
 
 The job's clock starts first, so ``wall_s`` is the whole job as the user waits; ``load_s`` is
 resolution plus reading weights (close to 0 when the model is cached in-process).
@@ -15,12 +17,15 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from taskrun.runner.signals import Terminated
 from taskrun.tasks import events as ev
 from taskrun.tasks.base import Input, ModelCard, Task, TaskError, to_jsonable
 from taskrun.tasks.clock import Clock
+
+if TYPE_CHECKING:
+    from taskrun.tasks.wire.jobspec import JobSpec
 
 
 @dataclass
@@ -308,14 +313,14 @@ def _reindex(event, index: list[int]):
 def start_row(rec: JobRecord, model: str | None = None) -> dict:
     """The row written as a job starts: enough to list it (the model as asked for, if named), and
     the process that runs it."""
-    from taskrun.runner.liveness import stamp
+    from taskrun.runner.runlog.liveness import stamp
 
     return {"id": rec.id, "started_at": rec.started_at, "task": rec.task, "status": "running", "model": model,
             "chain_id": rec.chain_id, "stage": rec.stage, **stamp()}
 
 
 def log_row(rec: JobRecord) -> dict:
-    from taskrun.runner.liveness import stamp
+    from taskrun.runner.runlog.liveness import stamp
 
     card = rec.card
     return {**stamp(), "texts": rec.texts if rec.task in TEXT_TASKS else None,
@@ -340,3 +345,20 @@ def summarize_items(rec: JobRecord, limit: int = 300) -> str:
         parts.append(f"{len(rec.errors)} failed")
     text = "; ".join(parts)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def run_spec(spec: JobSpec, *, log=None, on_event: Callable[[Any], None] | None = None,
+             device: str = "auto", dtype: str = "auto", offline: bool = False):
+    """Run a JobSpec through ``run_job`` (checks, model cache, run log, metrics) → JobRecord."""
+    from taskrun.runner.inputs import options_from
+    from taskrun.tasks import get_task
+
+    task = get_task(spec.task)
+    return run_job(task, lambda: list(spec.inputs), lambda: options_from(task, _cli_values(task, spec.options)),
+                   model=spec.model, runtime=spec.runtime, device=device, dtype=dtype,
+                   offline=offline, log=log, on_event=on_event)
+
+
+def _cli_values(task, options: dict[str, Any]) -> dict[str, Any]:
+    """JSON option values → the types the Options dataclass holds (lists become tuples)."""
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}

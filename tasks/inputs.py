@@ -128,3 +128,13 @@ def expand_folder(path: str | Path, kinds: tuple[str, ...]) -> list[Path]:
     if not keep:
         raise TaskError(f"{path} holds no {' or '.join(kinds)} files")
     return keep
+
+
+def is_path(arg: str) -> bool:
+    """An argument names a file when one exists by that name; a long sentence is not a name."""
+    if not arg or "\n" in arg or len(arg) > 4096:
+        return False
+    try:
+        return Path(arg).exists()
+    except OSError:  # ENAMETOOLONG and friends: it is text
+        return False

@@ -159,7 +159,7 @@ def server_env(folder: Path, cache: Path, toml: Path) -> dict[str, str]:
 
 def run_log_row(server: Server, run_id: str, timeout: float = 10.0) -> dict:
     """The run-log row of ``run_id`` (waiting for it: a cancelled job logs as its thread ends)."""
-    from taskrun.runner.runlog import RunLog
+    from taskrun.runner.runlog.store import RunLog
 
     deadline = time.monotonic() + timeout
     while True:
@@ -170,7 +170,7 @@ def run_log_row(server: Server, run_id: str, timeout: float = 10.0) -> dict:
 
 
 def rows(server: Server, **match) -> list[dict]:
-    from taskrun.runner.runlog import RunLog
+    from taskrun.runner.runlog.store import RunLog
 
     return [r for r in RunLog(server.log_db).recent(1000) if all(r.get(k) == v for k, v in match.items())]
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from taskrun.runner.cli import main
-from taskrun.runner.runlog import RunLog
+from taskrun.runner.runlog.store import RunLog
 
 from tests.tiny.bert import build as build_bert
 from tests.tiny.whisper import build_ct2, clip

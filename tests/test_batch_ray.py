@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from taskrun.runner.batch.command import _workers
+from taskrun.runner.commands.batch import _workers
 from taskrun.runner.batch.run import Request, run_batch
 
 from tests.test_batch import read_jsonl, write_jsonl

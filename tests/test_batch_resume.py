@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 from taskrun.runner.batch.journal import Journal
 from taskrun.runner.cli import main
-from taskrun.runner.runlog import RunLog
+from taskrun.runner.runlog.store import RunLog
 
 from tests.test_batch import RUN, read_jsonl, write_jsonl
 from tests.tiny.bert import build as build_bert

@@ -9,8 +9,10 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from taskrun.runner import bench_core, bench_host, bench_suites
-from taskrun.runner.bench_core import Contender, measure, order_of, report
+from taskrun.runner.bench import core as bench_core
+from taskrun.runner.bench import host as bench_host
+from taskrun.runner.bench import suites as bench_suites
+from taskrun.runner.bench.core import Contender, measure, order_of, report
 from taskrun.runner.cli import main
 from tests.tiny.bert import build
 
@@ -188,7 +190,7 @@ def test_an_isolated_contender_that_fails_gives_its_error_and_leaves_no_process(
 
 def test_bench_result_says_whether_contenders_were_isolated(monkeypatch):
     monkeypatch.setattr(bench_core, "can_isolate", lambda: False)
-    from taskrun.runner import bench_cmd
+    from taskrun.runner.commands import bench as bench_cmd
 
     calls = {}
     real = bench_core.measure
@@ -208,7 +210,7 @@ def test_busy_neighbours_spin_for_the_run_and_are_gone_after(monkeypatch):
     with bench_core.busy_neighbours(2) as procs:
         assert len(procs) == 2 and all(p.poll() is None for p in procs)
     assert all(p.poll() is not None for p in procs)
-    from taskrun.runner import bench_cmd
+    from taskrun.runner.commands import bench as bench_cmd
 
     monkeypatch.setattr(bench_cmd, "suite_for", lambda *a: bench_suites.Suite(
         "embed", "m", "sentences", 1, [_pid_contender("taskrun", "taskrun")]))
@@ -219,7 +221,7 @@ def test_busy_neighbours_spin_for_the_run_and_are_gone_after(monkeypatch):
 
 
 def test_a_contender_that_needs_its_own_process_is_skipped_in_process(monkeypatch):
-    from taskrun.runner import bench_cmd
+    from taskrun.runner.commands import bench as bench_cmd
 
     spin = Contender("taskrun spinning", bench_suites.with_env({"TASKRUN_BENCH_X": "1"}, _pid_contender("x").load),
                      "taskrun", own_process=True)
@@ -323,7 +325,7 @@ def _crash_contender(name):
 
 
 def test_run_bench_reports_a_failed_reference_measures_the_rest_and_exits_non_zero(monkeypatch):
-    from taskrun.runner import bench_cmd
+    from taskrun.runner.commands import bench as bench_cmd
 
     monkeypatch.setattr(bench_cmd, "suite_for", lambda *a: bench_suites.Suite(
         "embed", "m", "sentences", 1, [_pid_contender("taskrun", "taskrun"), _crash_contender("ref")]))
@@ -364,7 +366,7 @@ def test_memory_bandwidth_is_a_copys_bytes_read_and_written_over_its_best_time(m
 
 
 def test_run_bench_measures_the_host_before_the_contenders_and_prints_it(monkeypatch):
-    from taskrun.runner import bench_cmd
+    from taskrun.runner.commands import bench as bench_cmd
 
     events = []
     monkeypatch.setattr(bench_host, "memory_bandwidth_gbs", lambda: events.append("bandwidth") or 31.5)
@@ -397,7 +399,7 @@ def test_cpu_steal_is_the_stolen_share_of_the_ticks_between_two_readings():
 def test_what_a_taskrun_job_ran_with_is_in_the_result_and_the_table():
     from types import SimpleNamespace
 
-    from taskrun.runner import bench_cmd
+    from taskrun.runner.commands import bench as bench_cmd
 
     job = SimpleNamespace(card=SimpleNamespace(extra={"ran": ["CTranslate2's threads wait passively (why)"]}))
     measured = [bench_core.Measured("taskrun", "taskrun", "", 1.0, 1.0, [1.0], job),

@@ -99,7 +99,7 @@ def test_every_cache_the_code_writes_is_a_known_kind():
     from pathlib import Path
 
     from taskrun.pipelines.text.search import INDEX_FILE
-    from taskrun.runner.cache_cmd import KINDS
+    from taskrun.runner.commands.cache import KINDS
 
     root = Path(__file__).resolve().parent.parent
     named = {INDEX_FILE, "digests.json"}

@@ -213,7 +213,7 @@ def test_a_damaged_gguf_conversion_is_rebuilt_with_one_warning_and_the_same_text
 
 def test_the_conversion_is_float16_and_the_log_names_what_ran(cache, gguf):
     from safetensors import safe_open
-    from taskrun.runner.runlog import RunLog
+    from taskrun.runner.runlog.store import RunLog
 
     out, _ = generate(gguf)
     folder = _converted(cache)

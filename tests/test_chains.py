@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from taskrun.runner.chains import check_chain, load_chain, parse_chain
+from taskrun.runner.chains.run import check_chain, load_chain, parse_chain
 from taskrun.runner.cli import main
-from taskrun.runner.runlog import RunLog
+from taskrun.runner.runlog.store import RunLog
 from taskrun.tasks.base import TaskError
 from tests.tiny.generate import build
 

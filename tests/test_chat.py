@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from taskrun.runner.cli import main
-from taskrun.runner.runlog import RunLog
+from taskrun.runner.runlog.store import RunLog
 from tests.tiny.generate import build
 
 RUN = str(Path(sys.executable).parent / "run")

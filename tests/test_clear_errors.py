@@ -84,7 +84,7 @@ def test_a_chain_file_mistake_is_one_line_naming_the_file(case, tmp_path, no_loa
 
 
 def test_right_types_pass_the_check_with_int_to_float_and_list_to_tuple(tmp_path):
-    from taskrun.runner.chains import check_chain, load_chain
+    from taskrun.runner.chains.run import check_chain, load_chain
 
     chain = _chain_file(tmp_path, STEP + 'options = { temperature = 1, stop = ["x"], max_tokens = 4 }\n')
     (opts,) = check_chain(load_chain(str(chain)), {"q": "hi"})

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from taskrun.runner.cli import main
-from taskrun.runner.runlog import RunLog
+from taskrun.runner.runlog.store import RunLog
 from tests.tiny.bert import build as tiny_bert
 
 ROOT = Path(__file__).resolve().parent.parent

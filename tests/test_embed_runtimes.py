@@ -143,7 +143,7 @@ def test_minilm_on_onnxruntime_matches_sentence_transformers_float32():
     from sentence_transformers import SentenceTransformer
 
     from taskrun.models.resolve import resolve
-    from taskrun.runner.bench_suites import sentences
+    from taskrun.runner.bench.suites import sentences
 
     texts = sentences(200, seed=3) + ["The quick brown fox jumps over the lazy dog. " * 40]  # one cut at 256
     ours, out = embed(*texts, "--runtime", "onnxruntime")
@@ -164,7 +164,7 @@ def test_the_onnxruntime_engine_tokenizes_as_transformers_does_without_importing
 
     from taskrun.models.resolve import resolve
     from taskrun.pipelines.text.ort_encoder import _tokenizer
-    from taskrun.runner.bench_suites import sentences
+    from taskrun.runner.bench.suites import sentences
 
     path = Path(resolve(bert if which == "tiny" else "minilm").path)
     ours, theirs = _tokenizer(path), PreTrainedTokenizerFast.from_pretrained(str(path))

@@ -10,7 +10,7 @@ import pytest
 
 from taskrun.models import digest as digest_mod
 from taskrun.models.resolve import resolve
-from taskrun.runner.runlog import MIGRATIONS, RunLog
+from taskrun.runner.runlog.store import MIGRATIONS, RunLog
 from taskrun.tasks.base import TaskError
 from taskrun.tasks.inputs import sniff_bytes
 from tests.tiny.bert import build as tiny_bert

@@ -169,7 +169,7 @@ TASKS = ["embed", "search", "classify", "generate", "summarize", "detect", "tran
 @given(st.sampled_from(TASKS), st.dictionaries(
     st.sampled_from(["input", "options", "model", "runtime", "id", "task", "bogus"]), JSON, max_size=5))
 def test_job_specs_parse_or_are_a_user_error(task, body):
-    from taskrun.runner.jobspec import Uploads, job_from_native
+    from taskrun.tasks.wire.jobspec import Uploads, job_from_native
 
     with Uploads() as uploads:
         spec = _user_error_only(lambda: job_from_native(task, body, uploads=uploads))
@@ -195,7 +195,7 @@ CHAIN = st.fixed_dictionaries({"steps": st.lists(STEP, max_size=3) | JSON}, opti
 
 @given(CHAIN)
 def test_chains_parse_and_check_or_are_a_user_error(raw):
-    from taskrun.runner.chains import check_chain, parse_chain
+    from taskrun.runner.chains.run import check_chain, parse_chain
 
     def parse():
         check_chain(parse_chain(raw, "fuzz.toml"))
@@ -205,7 +205,7 @@ def test_chains_parse_and_check_or_are_a_user_error(raw):
 
 @given(st.text(alphabet=st.sampled_from(list('[]{}="\'.,:#\n \\task=steps[[x]]01') + ["\u00e9"]), max_size=200))
 def test_chain_files_of_any_text_are_a_user_error(text):
-    from taskrun.runner.chains import load_chain
+    from taskrun.runner.chains.run import load_chain
 
     path = _file(text.encode("utf-8"), ".toml")
     try:

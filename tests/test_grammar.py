@@ -120,7 +120,7 @@ def test_a_failed_check_fails_the_job_with_the_answer_in_the_message(tiny, tmp_p
     assert "The answer began: '[{" in r.output  # what the model wrote, so the failure can be seen
     with pytest.raises(TaskError, match="4-token limit"):
         _run(tiny, path, max_tokens=4)
-    from taskrun.runner.runlog import RunLog
+    from taskrun.runner.runlog.store import RunLog
 
     assert RunLog().recent(1)[0]["status"] == "failed"
 

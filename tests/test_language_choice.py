@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from taskrun.pipelines.speech import language
 from taskrun.runner.cli import main
-from taskrun.runner.runlog import RunLog
+from taskrun.runner.runlog.store import RunLog
 from tests.tiny import models_toml_with
 from tests.tiny.whisper import SAMPLES, build_ct2, clip
 

@@ -22,6 +22,12 @@ from taskrun.pipelines.text.engine import TextEncoderEngine
 
 ROOT = Path(__file__).resolve().parent.parent
 LAYERS = ["tasks", "models", "pipelines", "runner"]  # lowest first
+# The front doors inside runner/: none may import another (the wire formats they share live in
+# tasks/wire/, the job runner and output in runner/'s shared modules). commands/ and cli.py are
+# the click layer over all of them.
+DOORS = {"serve", "batch", "remote", "chains", "bench"}
+RUNNER_SHARED = ["__init__.py", "cli.py", "inputs.py", "jobs.py", "signals.py"]
+RUNNER_PACKAGES = ["batch", "bench", "chains", "commands", "output", "remote", "runlog", "serve"]
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 
@@ -71,6 +77,16 @@ def layer(module: str) -> int:
 
 def back_imports(g: dict[str, set[str]]) -> list[str]:
     return sorted(f"{m} imports {t}" for m, ts in g.items() for t in ts if layer(t) > layer(m))
+
+
+def door(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "runner" and parts[2] in DOORS else None
+
+
+def door_imports(g: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{m} imports {t}" for m, ts in g.items() for t in ts
+                  if door(m) and door(t) and door(m) != door(t))
 
 
 def cycles(g: dict[str, set[str]]) -> list[list[str]]:
@@ -123,13 +139,18 @@ def test_no_import_cycles():
 
 
 def test_the_checks_catch_a_back_import_and_a_cycle(tmp_path):
-    """The same checks, on a small tree with one back-import and one ring, report both."""
+    """The same checks, on a small tree with one back-import, one ring and one door importing
+    another, report each."""
     files = {
         "tasks/__init__.py": "",
         "tasks/base.py": "from taskrun.runner.jobs import run_job\n",  # tasks → runner: up
         "runner/__init__.py": "",
         "runner/jobs.py": "def run_job():\n    from taskrun.runner import cli\n",
         "runner/cli.py": "from taskrun.runner.jobs import run_job\n",  # cli ↔ jobs: a ring
+        "runner/serve/__init__.py": "",
+        "runner/serve/app.py": "",
+        "runner/batch/__init__.py": "",
+        "runner/batch/work.py": "def f():\n    from taskrun.runner.serve.app import x\n",  # a door → a door
     }
     for rel, text in files.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -137,6 +158,23 @@ def test_the_checks_catch_a_back_import_and_a_cycle(tmp_path):
     g = graph(tmp_path)
     assert back_imports(g) == ["taskrun.tasks.base imports taskrun.runner.jobs"]
     assert cycles(g) == [["taskrun.runner.cli", "taskrun.runner.jobs"]]
+    assert door_imports(g) == ["taskrun.runner.batch.work imports taskrun.runner.serve.app"]
+
+
+def test_no_door_imports_another_door():
+    """batch does not import serve (nor serve batch, nor either the --server client): the request
+    and response shapes they share are tasks/wire/."""
+    assert door_imports(graph(ROOT)) == []
+
+
+def test_runner_holds_the_cli_its_shared_modules_and_packages_by_concern():
+    runner = ROOT / "runner"
+    assert sorted(p.name for p in runner.glob("*.py")) == RUNNER_SHARED
+    packages = sorted(p.name for p in runner.iterdir() if (p / "__init__.py").exists())
+    assert packages == RUNNER_PACKAGES
+    for pkg in packages:  # each package says what it owns
+        doc = ast.get_docstring(ast.parse((runner / pkg / "__init__.py").read_text()))
+        assert doc and len(doc) > 40, f"runner/{pkg}/__init__.py needs a docstring saying what it owns"
 
 
 def test_modules_and_functions_stay_small():

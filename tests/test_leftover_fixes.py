@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from taskrun.runner.chains import allow_partial, load_chain, parse_chain
+from taskrun.runner.chains.run import allow_partial, load_chain, parse_chain
 from taskrun.runner.cli import main
-from taskrun.runner.runlog import RunLog
+from taskrun.runner.runlog.store import RunLog
 from tests.tiny.generate import build as build_llama
 from tests.tiny.whisper import SAMPLES, build_ct2
 

@@ -404,7 +404,7 @@ def test_same_seed_same_text_with_the_float16_prompt_copy(tiny_q4):
 
 
 def test_chat_turn_two_reuses_turn_ones_conversation(tiny):
-    from taskrun.runner.runlog import RunLog
+    from taskrun.runner.runlog.store import RunLog
 
     r = CliRunner().invoke(main, ["chat", "--model", tiny, "--max-tokens", "6", "--seed", "1"],
                            input="Hi there\nWhat did I say?\n")
@@ -422,7 +422,7 @@ def test_summarize_counts_the_prompt_tokens_its_stages_kept(tiny):
     instruction, which the prompt cache keeps; the metric sums the stages' own counts, and the run
     log records it."""
     from taskrun.pipelines.llm.llamacpp import MIN_REUSE
-    from taskrun.runner.runlog import RunLog
+    from taskrun.runner.runlog.store import RunLog
 
     text = "\n\n".join(f"Paragraph {i}. The meeting decided to ship the release on Friday. Alice owns "
                        f"the budget; Bob owns testing." for i in range(30))

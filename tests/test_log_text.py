@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from taskrun.runner import runlog
+from taskrun.runner.runlog import store as runlog
 from taskrun.runner.cli import main
-from taskrun.runner.runlog import RunLog
+from taskrun.runner.runlog.store import RunLog
 
 from tests.tiny import generate as tiny_generate
 from tests.tiny import models_toml_with
@@ -159,7 +159,8 @@ def test_batch_and_server_jobs_keep_texts_the_same_way(tiny_dir, tmp_path):
     """The server's worker and the batch runner wrap the log (CapturingLog, LogTap) and run jobs
     through run_job: the texts still reach the log, and the wrappers see both rows of a job."""
     from taskrun.runner.batch.work import LogTap
-    from taskrun.runner.jobspec import JobSpec, run_spec
+    from taskrun.runner.jobs import run_spec
+    from taskrun.tasks.wire.jobspec import JobSpec
     from taskrun.runner.serve.workers import CapturingLog
     from taskrun.tasks.base import Input
 

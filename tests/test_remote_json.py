@@ -15,10 +15,10 @@ from click.testing import CliRunner
 
 from taskrun.pipelines import RUNTIMES
 from taskrun.runner.cli import main
-from taskrun.runner.from_json import build, from_json, record_of
+from taskrun.runner.remote.records import build, from_json, record_of
 from taskrun.runner.inputs import options_from
-from taskrun.runner.remote import Sources, attach_images, local_options, wire_options
-from taskrun.runner.remote_http import http_error, read_stream
+from taskrun.runner.remote.client import Sources, attach_images, local_options, wire_options
+from taskrun.runner.remote.http import http_error, read_stream
 from taskrun.tasks import REGISTRY
 from taskrun.tasks.base import Input, TaskError, to_jsonable
 from taskrun.tasks.transcribe import Segment, Transcript, Word, to_srt
@@ -200,7 +200,7 @@ def test_local_options_errors_come_before_anything_is_sent():
 
 
 def test_files_are_sent_as_bytes_never_paths(tmp_path):
-    from taskrun.runner.remote import wire_inputs
+    from taskrun.runner.remote.client import wire_inputs
 
     f = tmp_path / "a.wav"
     f.write_bytes(b"RIFF0000WAVEdata")
@@ -219,7 +219,7 @@ def test_importing_the_cli_with_server_support_stays_light():
     import subprocess
     import sys
 
-    code = "import sys, taskrun.runner.cli, taskrun.runner.remote, taskrun.runner.remote_http; " \
+    code = "import sys, taskrun.runner.cli, taskrun.runner.remote.client, taskrun.runner.remote.http; " \
            "print([m for m in ('torch', 'httpx', 'fastapi', 'numpy') if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -26,9 +26,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from taskrun.runner import liveness
+from taskrun.runner.runlog import liveness
 from taskrun.runner.cli import main
-from taskrun.runner.runlog import RunLog
+from taskrun.runner.runlog.store import RunLog
 
 from tests.tiny.bert import build as tiny_bert
 from tests.tiny.generate import build as tiny_llama

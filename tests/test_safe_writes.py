@@ -98,7 +98,7 @@ def test_an_output_that_would_surprise_is_refused_before_any_model_loads(case, t
 def test_a_folder_as_output_is_refused(tmp_path, no_load):
     r = run("summarize", "some text", "-o", tmp_path)
     assert r.exit_code != 0 and "directory" in r.output
-    from taskrun.runner.paths import check_output_path
+    from taskrun.runner.output.paths import check_output_path
     from taskrun.tasks.base import TaskError
 
     with pytest.raises(TaskError, match="is a folder"):
@@ -141,7 +141,7 @@ def test_a_removed_output_folder_prints_the_result_and_exits_non_zero(fmt_args, 
     """The folder goes away while the job runs (removed by the hook just before the last step)."""
     import shutil
 
-    import taskrun.runner.execute as execute
+    import taskrun.runner.commands.task as execute
 
     folder = tmp_path / "out"
     folder.mkdir()
@@ -167,7 +167,7 @@ def test_a_full_disk_keeps_the_result(name, kind, tmp_path, bert, monkeypatch):
     """ENOSPC at the last write: text is printed, bytes are saved to a named temporary file."""
     import errno
 
-    import taskrun.runner.output as output
+    import taskrun.runner.output.writer as output
 
     def full(path, data, **k):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from taskrun.runner.cli import main
-from taskrun.runner.runlog import RunLog
+from taskrun.runner.runlog.store import RunLog
 from tests.tiny.bert import build as tiny_bert
 
 TOPICS = ["cats sleep most of the day", "espresso is brewed under pressure", "mars has two small moons",

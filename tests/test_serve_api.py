@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from taskrun.runner.jobspec import Uploads
-from taskrun.runner.serve import ollama_api, wire
+from taskrun.tasks.wire.jobspec import Uploads
+from taskrun.tasks.wire import native as wire
+from taskrun.tasks.wire import ollama_api
 from taskrun.runner.serve.batching import record_slice
-from taskrun.runner.serve.errors import APIError, from_task_error
-from taskrun.runner.serve.openai_api import job_from_openai
+from taskrun.tasks.wire.errors import APIError, from_task_error
+from taskrun.tasks.wire.openai_api import job_from_openai
 from taskrun.runner.serve.settings import check_exposure, is_loopback, parse_corpora, parse_size
 from taskrun.tasks import events as ev
 from taskrun.tasks.base import TaskError

@@ -7,7 +7,7 @@ import json
 from click.testing import CliRunner
 
 from taskrun.runner.cli import main
-from taskrun.runner.runlog import RunLog
+from taskrun.runner.runlog.store import RunLog
 from tests.tiny import generate as tiny_llm
 from tests.tiny import search as tiny_search
 from tests.tiny import transcribe as tiny_asr

@@ -235,7 +235,7 @@ def test_the_run_log_says_how_ctranslate2s_threads_waited(tiny_dir, speech):
     (passive beside busy processes, spinning where cores are free), so a slow run can be told
     from a slow machine: every transcription on it is logged with the wait it ran with."""
     from taskrun.pipelines import device
-    from taskrun.runner.runlog import RunLog
+    from taskrun.runner.runlog.store import RunLog
 
     job(speech, "--model", build_ct2(tiny_dir))
     notes = RunLog().recent(1)[0]["notes"] or []

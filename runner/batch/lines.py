@@ -9,7 +9,7 @@ together. ``run_id`` is that job's row in the run log (`run logs show RUN_ID`).
 
 An OpenAI line: ``{"id", "custom_id", "response": {"status_code", "request_id", "body"},
 "error"}`` as OpenAI's Batch API writes it, the body being what the server answers to the same
-request (one parser and one answer-writer: runner/serve/openai_api.py). ``request_id`` is the run
+request (one parser and one answer-writer: tasks/wire/openai_api.py). ``request_id`` is the run
 id. A failed request has its status code and ``{"error": {...}}`` body, and ``error`` set too.
 
 The key order is fixed: journal.py reads the id and outcome from each line's start on resume.
@@ -42,7 +42,7 @@ class Failure:
         """From an APIError (the OpenAI parser's), a TaskError (400/404 as the server answers
         it) or anything else (500: a bug, named by its type)."""
         if isinstance(exc, TaskError):
-            from taskrun.runner.serve.errors import from_task_error
+            from taskrun.tasks.wire.errors import from_task_error
 
             exc = from_task_error(exc)
         if hasattr(exc, "status") and hasattr(exc, "body"):

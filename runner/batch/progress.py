@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 import click
-from taskrun.runner.output import fmt_value
+from taskrun.runner.output.writer import fmt_value
 
 EVERY_S = 10.0  # seconds between plain progress lines
 

@@ -55,7 +55,7 @@ def _check_paths(req: Request) -> None:
 
 def run_batch(req: Request, *, workers_of: Callable[[str, dict], int]) -> Outcome:
     from taskrun.runner.jobs import new_id
-    from taskrun.runner.runlog import RunLog
+    from taskrun.runner.runlog.store import RunLog
 
     _check_paths(req)
     source = open_input(req.inputs)

@@ -52,7 +52,7 @@ class Scan:
 def task_of(entry: Entry) -> str | None:
     """The task an item names (before it is parsed; None when it names none)."""
     if entry.flavour == OPENAI:
-        from taskrun.runner.serve.openai_api import TASK_OF
+        from taskrun.tasks.wire.openai_api import TASK_OF
 
         return TASK_OF.get(entry.line.get("url"))
     task = entry.line.get("task")

@@ -104,7 +104,7 @@ def prepare(entry: Entry, ctx: Context, uploads) -> Prepared:
 
 
 def _native_spec(line: dict, ctx: Context, uploads):
-    from taskrun.runner.jobspec import job_from_native
+    from taskrun.tasks.wire.jobspec import job_from_native
 
     name = line.get("task")
     if not isinstance(name, str):
@@ -129,8 +129,8 @@ def _as_paths(value: Any) -> Any:
 
 
 def _openai_spec(line: dict, ctx: Context, uploads):
-    from taskrun.runner.serve.errors import APIError, invalid
-    from taskrun.runner.serve.openai_api import job_from_openai
+    from taskrun.tasks.wire.errors import APIError, invalid
+    from taskrun.tasks.wire.openai_api import job_from_openai
 
     if line.get("method", "POST") != "POST":
         raise invalid("method", f'"method" must be "POST" (got {json.dumps(line.get("method"))})')
@@ -246,7 +246,7 @@ def _line(p: Prepared, rec, failure: Failure | None, row: dict | None, sub, ctx:
     if p.entry.flavour == OPENAI:
         body = None
         if failure is None:
-            from taskrun.runner.serve.openai_api import openai_body
+            from taskrun.tasks.wire.openai_api import openai_body
 
             if ctx.out_dir:
                 _files(p, sub, ctx)
@@ -278,7 +278,7 @@ def _files(p: Prepared, sub, ctx: Context) -> list[str]:
 def run_window(entries: list[Entry], ctx: Context, log) -> Iterator[Finished]:
     """All the lines of a window of items, a job's worth at a time, in a private folder for any
     bytes the lines carry (removed when the window is done)."""
-    from taskrun.runner.jobspec import Uploads
+    from taskrun.tasks.wire.jobspec import Uploads
 
     with Uploads() as uploads:
         prepared = [prepare(e, ctx, uploads) for e in entries]

@@ -1,9 +1,10 @@
-"""`run serve`: one warm process behind OpenAI-, Ollama- and taskrun-native HTTP APIs.
+"""`run serve`: one warm process behind OpenAI-, Ollama- and taskrun-native HTTP APIs; HTTP only
+(the request and response shapes are tasks/wire/, shared with ``run batch`` and the clients).
 
-Modules: ``command`` (the click command), ``app`` (the FastAPI app factory), ``openai_api`` /
-``openai_out`` (OpenAI request and response shapes, shared with ``run batch``), ``ollama_api``,
-``native`` (``/v1/tasks/{task}``), ``wire`` (the native streaming format the ``--server`` client
-reads), ``workers`` (per-model queues and threads), ``batching`` (dynamic batching of embeddings),
-``metrics`` (Prometheus), ``security`` (keys, body limits), ``errors`` (the error shape).
-Importing this package imports nothing heavy.
+Modules: ``app`` (the FastAPI app factory), ``routes_openai`` / ``routes_ollama`` /
+``routes_native`` (the endpoints), ``httpio`` (bodies, run-id headers, streams), ``service`` and
+``workers`` (per-model queues and threads), ``batching`` (dynamic batching of embeddings),
+``catalogue`` (the models served), ``metrics`` (Prometheus), ``security`` (keys, body limits),
+``settings``. The click command is runner/commands/serve.py. Importing this package imports
+nothing heavy.
 """

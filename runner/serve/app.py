@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from taskrun.runner.serve.errors import APIError, from_task_error
+from taskrun.tasks.wire.errors import APIError, from_task_error
 from taskrun.runner.serve.security import Guard
 from taskrun.runner.serve.service import InternalError, Service
 from taskrun.runner.serve.settings import Settings

@@ -17,8 +17,8 @@ import json
 import threading
 import time
 
-from taskrun.runner.jobspec import JobSpec
-from taskrun.runner.serve.errors import APIError, from_task_error
+from taskrun.tasks.wire.jobspec import JobSpec
+from taskrun.tasks.wire.errors import APIError, from_task_error
 from taskrun.runner.serve.service import InternalError, log
 from taskrun.runner.serve.workers import ServerJob
 from taskrun.tasks.base import TaskError

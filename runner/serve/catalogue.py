@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import threading
 
-from taskrun.runner.serve.errors import APIError
+from taskrun.tasks.wire.errors import APIError
 from taskrun.tasks.base import TaskError
 
 
@@ -66,7 +66,7 @@ class Catalogue:
         default. 404 ``model_not_found`` for a model this server does not have (blocking: it
         may read the model's files once)."""
         from taskrun.models.resolve import default_model
-        from taskrun.runner.serve.errors import from_task_error
+        from taskrun.tasks.wire.errors import from_task_error
 
         try:
             name = model or default_model(task, first_kind)

@@ -15,8 +15,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from taskrun.runner.jobspec import Uploads
-from taskrun.runner.serve.errors import APIError, invalid
+from taskrun.tasks.wire.jobspec import Uploads
+from taskrun.tasks.wire.errors import APIError, invalid
 from taskrun.tasks.base import to_jsonable
 
 RUN_ID_HEADER = "X-Taskrun-Run-Id"
@@ -91,7 +91,7 @@ def ndjson(lines: AsyncIterator[dict], on_close: Callable[[], None], run_id: str
     async def body():
         try:
             async for line in lines:
-                # The lines are JSON already (wire.py made them): a second to_jsonable pass would
+                # The lines are JSON already (tasks/wire/native.py made them): a second to_jsonable pass would
                 # round the full-precision vectors to 6 decimals, and `-o x.npy` through a
                 # server would no longer equal the local file.
                 yield json.dumps(line, ensure_ascii=False, separators=(",", ":"), default=to_jsonable) + "\n"

@@ -1,6 +1,6 @@
-"""``POST /v1/tasks/{task}``: every task, natively, in the wire format of runner/serve/wire.py.
+"""``POST /v1/tasks/{task}``: every task, natively, in the wire format of tasks/wire/native.py.
 
-The body is the native job shape (runner/jobspec.py). Options that name paths are the server's
+The body is the native job shape (tasks/wire/jobspec.py). Options that name paths are the server's
 to fill, never the client's: a search corpus is one the operator named with ``--corpus``, an
 image job and detect's drawing write into the request's own folder and come back as files, and
 generate's ``json_schema`` is the schema itself (an object), written there too.
@@ -14,11 +14,11 @@ import json
 from fastapi import FastAPI
 from starlette.requests import Request
 
-from taskrun.runner.jobspec import JobSpec, Uploads, job_from_native
-from taskrun.runner.serve.errors import APIError, from_task_error, invalid
+from taskrun.tasks.wire.jobspec import JobSpec, Uploads, job_from_native
+from taskrun.tasks.wire.errors import APIError, from_task_error, invalid
 from taskrun.runner.serve.httpio import answer, json_body, ndjson, on_close, opened, release
-from taskrun.runner.serve.openai_api import MAX_INPUTS, MAX_TEXT_CHARS
-from taskrun.runner.serve.wire import collect_files, done_line, error_line, event_to_wire, scrub
+from taskrun.tasks.wire.openai_api import MAX_INPUTS, MAX_TEXT_CHARS
+from taskrun.tasks.wire.native import collect_files, done_line, error_line, event_to_wire, scrub
 from taskrun.tasks import REGISTRY
 from taskrun.tasks.base import TaskError
 

@@ -13,9 +13,9 @@ import time
 from fastapi import FastAPI
 from starlette.requests import Request
 
-from taskrun.runner.jobspec import Uploads
-from taskrun.runner.serve import ollama_api as ol
-from taskrun.runner.serve.errors import APIError
+from taskrun.tasks.wire.jobspec import Uploads
+from taskrun.tasks.wire import ollama_api as ol
+from taskrun.tasks.wire.errors import APIError
 from taskrun.runner.serve.httpio import answer, json_body, ndjson, on_close, opened, release
 from taskrun.runner.serve.routes_openai import embed
 from taskrun.tasks import events as ev

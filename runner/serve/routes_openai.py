@@ -1,4 +1,4 @@
-"""The OpenAI-compatible endpoints: request → JobSpec (openai_api) → the model's worker → response.
+"""The OpenAI-compatible endpoints: request → JobSpec (tasks/wire/openai_api.py) → the model's worker → response.
 
 Generate jobs always run with token events on, even when the answer is not streamed, so that a
 client that goes away stops its generation at the next token either way.
@@ -12,11 +12,11 @@ import uuid
 from fastapi import FastAPI
 from starlette.requests import Request
 
-from taskrun.runner.jobspec import Uploads
-from taskrun.runner.serve import openai_api as oa
-from taskrun.runner.serve.errors import APIError
+from taskrun.tasks.wire.jobspec import Uploads
+from taskrun.tasks.wire import openai_api as oa
+from taskrun.tasks.wire.errors import APIError
 from taskrun.runner.serve.httpio import answer, json_body, on_close, opened, release, sse
-from taskrun.runner.serve.openai_out import CompletionChunks
+from taskrun.tasks.wire.openai_out import CompletionChunks
 from taskrun.tasks import events as ev
 
 

@@ -13,7 +13,7 @@ import hmac
 
 from starlette.responses import JSONResponse
 
-from taskrun.runner.serve.errors import APIError
+from taskrun.tasks.wire.errors import APIError
 
 OPEN_PATHS = {"/health"}
 

@@ -14,9 +14,9 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from taskrun.runner.jobspec import JobSpec
+from taskrun.tasks.wire.jobspec import JobSpec
 from taskrun.runner.serve.catalogue import Catalogue
-from taskrun.runner.serve.errors import APIError, from_task_error
+from taskrun.tasks.wire.errors import APIError, from_task_error
 from taskrun.runner.serve.metrics import ServerMetrics
 from taskrun.runner.serve.settings import Settings
 from taskrun.runner.serve.workers import LoadGate, ServerJob, Workers
@@ -78,7 +78,7 @@ class Service:
     """What one app holds: its settings, metrics, model workers, catalogue, run log and batcher."""
 
     def __init__(self, settings: Settings) -> None:
-        from taskrun.runner.runlog import RunLog
+        from taskrun.runner.runlog.store import RunLog
 
         self.settings = settings
         self.metrics = ServerMetrics()

@@ -22,8 +22,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from taskrun.runner.jobspec import JobSpec, run_spec
-from taskrun.runner.serve.errors import APIError
+from taskrun.runner.jobs import run_spec
+from taskrun.tasks.wire.jobspec import JobSpec
+from taskrun.tasks.wire.errors import APIError
 from taskrun.tasks.base import TaskError
 
 CANCELLED = "cancelled by the client"

@@ -1,7 +1,7 @@
 """What `run bench TASK` measures: for each task, taskrun's job and the reference a user would
 otherwise pick, on the same weights and the same data, plus how close their outputs are.
 
-Each suite returns a :class:`Suite`; runner/bench_core.py does the timing. A reference whose
+Each suite returns a :class:`Suite`; runner/bench/core.py does the timing. A reference whose
 package is not installed becomes a ``Skipped`` line, never an error. benchmarks/*.py build on the
 same functions (sentences, photos, the reference loops), so the numbers in the README and what a
 user measures with `run bench` come from one piece of code.
@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from taskrun.runner.bench_core import Contender, Skipped
+from taskrun.runner.bench.core import Contender, Skipped
 from taskrun.tasks.base import Input, TaskError
 
-ROOT = Path(__file__).resolve().parent.parent  # the source checkout (samples/ lives there)
+ROOT = Path(__file__).resolve().parents[2]  # the source checkout (samples/ lives there)
 SAMPLES = ROOT / "samples"
 
 
@@ -342,7 +342,7 @@ def classify(model: str | None, against: tuple[str, ...], data: list[Path], quic
     ONNX Runtime float32 at batch 16 on the same weights (exported to ONNX for the run) and the
     plain torch loop from the model's README, both with the same PIL preprocessing; quality:
     top-1 agreement with taskrun."""
-    from taskrun.runner.bench_classify import ort_loop_run, photos, top1_agreement, torch_loop_run
+    from taskrun.runner.bench.classify import ort_loop_run, photos, top1_agreement, torch_loop_run
 
     model = model or "efficientnet-lite0"
     files = data or photos(16 if quick else 64)

@@ -1,4 +1,4 @@
-"""The references of `run bench classify` (runner/bench_suites.py: classify): ONNX Runtime
+"""The references of `run bench classify` (runner/bench/suites.py: classify): ONNX Runtime
 float32 at batch 16 and the plain torch loop, on the same EfficientNet-Lite0 weights, the same
 photos and the same PIL preprocessing, and the top-1 agreement between contenders.
 benchmarks/bench_vision.py builds on the same loops."""
@@ -10,7 +10,7 @@ from typing import Any
 
 from taskrun.tasks.base import TaskError
 
-ROOT = Path(__file__).resolve().parent.parent  # the source checkout (samples/ lives there)
+ROOT = Path(__file__).resolve().parents[2]  # the source checkout (samples/ lives there)
 SAMPLES = ROOT / "samples"
 
 

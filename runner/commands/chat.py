@@ -37,7 +37,7 @@ class Chat:
     def ask(self, text: str) -> None:
         """One turn: fit the history to the window, run the job (streaming), keep the answer."""
         from taskrun.runner.jobs import run_job
-        from taskrun.runner.output import EventPrinter
+        from taskrun.runner.output.writer import EventPrinter
         from taskrun.tasks import REGISTRY
         from taskrun.tasks.base import Input, make_options
 
@@ -183,7 +183,7 @@ def chat_cmd(model, runtime, device, dtype, system, load_path, max_tokens, tempe
       run chat --system "You are terse."
       printf 'Hi\\nWhat did I just say?\\n' | run chat
     """
-    from taskrun.runner.runlog import RunLog
+    from taskrun.runner.runlog.store import RunLog
     from taskrun.tasks import REGISTRY
     from taskrun.tasks.base import make_options
 

@@ -1,6 +1,6 @@
 """The native wire format of ``POST /v1/tasks/{task}``, which ``run TASK --server URL`` reads.
 
-Request: the native job shape (runner/jobspec.py ``job_from_native``), plus ``"stream": true``
+Request: the native job shape (tasks/wire/jobspec.py ``job_from_native``), plus ``"stream": true``
 for events as they happen. Inputs that are files travel inline as ``{"data": <base64>, "name"}``.
 Options that name paths on the server are refused, except where the server gives them a meaning
 of its own: ``search``'s ``corpus`` names a corpus the operator passed to ``run serve --corpus

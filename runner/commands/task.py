@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import click
-from taskrun.runner.chains import (
+from taskrun.runner.chains.run import (
     ChainRun,
     FirstStep,
     NothingProduced,
@@ -16,14 +16,14 @@ from taskrun.runner.chains import (
 )
 from taskrun.runner.inputs import gather_inputs, options_from
 from taskrun.runner.jobs import new_id
-from taskrun.runner.output import EventPrinter, emit, pick_format
-from taskrun.runner.paths import (
+from taskrun.runner.output.writer import EventPrinter, emit, pick_format
+from taskrun.runner.output.paths import (
     check_cache_folder,
     check_output_path,
     check_side_outputs,
     job_paths,
 )
-from taskrun.runner.runlog import RunLog
+from taskrun.runner.runlog.store import RunLog
 from taskrun.tasks import get_task
 from taskrun.tasks.base import Task
 
@@ -58,7 +58,7 @@ def execute(task: Task, *, inputs, files, values, model, runtime, device, dtype,
         check_output_path(output, job_paths(task, inputs, files, values))
     check_side_outputs(task, values)
     check_cache_folder(quiet)
-    if server and not quiet:  # a lone job went to runner/remote.py; a chain runs here
+    if server and not quiet:  # a lone job went to runner/remote/client.py; a chain runs here
         click.secho("note: --then chains run here, not on --server", err=True, fg="yellow")
     log = RunLog(log_db)
     chain = then_chain(task, extras.get("then") or (), model)

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 import click
-from taskrun.runner.terminal import for_terminal
+from taskrun.runner.output.terminal import for_terminal
 from taskrun.tasks.base import Task, TaskError
 
 

@@ -1,6 +1,6 @@
 """`run bench generate` and `run bench image`: taskrun against plain transformers ``generate`` and
 llama.cpp (llama-cpp-python, where it imports), and against a plain diffusers loop, on the same
-weights. The timing is runner/bench_core.py's; see runner/bench_suites.py for the other tasks."""
+weights. The timing is runner/bench/core.py's; see runner/bench/suites.py for the other tasks."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from taskrun.runner.bench_core import Contender, Skipped
-from taskrun.runner.bench_suites import Suite, missing, pick, taskrun_job, with_env
+from taskrun.runner.bench.core import Contender, Skipped
+from taskrun.runner.bench.suites import Suite, missing, pick, taskrun_job, with_env
 from taskrun.tasks.base import Input
 
 PROMPT = ("Write a short story about a young astronomer named Mira who builds her own telescope from "

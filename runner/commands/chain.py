@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from taskrun.runner.chains import (
+from taskrun.runner.chains.run import (
     ChainRun,
     StageView,
     allow_partial,
@@ -17,9 +17,9 @@ from taskrun.runner.chains import (
     partial_steps,
     run_chain,
 )
-from taskrun.runner.output import EventPrinter, metrics_table, print_json
-from taskrun.runner.runlog import RunLog
-from taskrun.runner.terminal import for_terminal
+from taskrun.runner.output.writer import EventPrinter, metrics_table, print_json
+from taskrun.runner.runlog.store import RunLog
+from taskrun.runner.output.terminal import for_terminal
 
 _common = [
     click.option("-o", "--output-dir", "out_dir", type=click.Path(file_okay=False),

@@ -22,7 +22,7 @@ is killed) stops the measurement, or with ``keep_going`` is dropped from the rou
 as failed while the others finish: a hung reference must not hold the whole comparison. A
 ``TaskError`` (a model that does not resolve, say) always stops it: it is the user's to fix.
 
-Torch-free: what a contender runs is its own business (runner/bench_suites.py builds them).
+Torch-free: what a contender runs is its own business (runner/bench/suites.py builds them).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from taskrun.runner.bench_host import host
+from taskrun.runner.bench.host import host
 
 
 @dataclass

@@ -6,8 +6,8 @@ import json
 
 import click
 
-from taskrun.runner.output import fmt_value, print_json
-from taskrun.runner.terminal import for_terminal
+from taskrun.runner.output.writer import fmt_value, print_json
+from taskrun.runner.output.terminal import for_terminal
 from taskrun.tasks.base import TaskError
 
 
@@ -126,7 +126,7 @@ def logs_cmd(ctx, limit, task, chain_id, text, json_mode, log_db):
 
     A job killed before it could finish its row (SIGKILL, a power cut) is shown as interrupted
     once its process is gone."""
-    from taskrun.runner.runlog import RunLog
+    from taskrun.runner.runlog.store import RunLog
 
     ctx.obj = {"log_db": log_db}
     if ctx.invoked_subcommand:
@@ -166,7 +166,7 @@ def _log_line(r: dict) -> str:
 @click.pass_context
 def logs_show(ctx, run_id, log_db):
     """One run, whole, as JSON, with the texts it kept."""
-    from taskrun.runner.runlog import RunLog
+    from taskrun.runner.runlog.store import RunLog
 
     log = RunLog(log_db or (ctx.obj or {}).get("log_db"))
     row = log.get(run_id)

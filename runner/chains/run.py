@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from taskrun.runner.chain_file import (  # noqa: F401
+from taskrun.runner.chains.file import (  # noqa: F401
     CHAIN_DIR,
     INPUT_KINDS,
     Chain,
@@ -48,8 +48,8 @@ from taskrun.runner.chain_file import (  # noqa: F401
 )
 from taskrun.runner.inputs import is_path
 from taskrun.runner.jobs import new_id, run_job
-from taskrun.runner.paths import check_writable_folder, confine
-from taskrun.runner.terminal import for_terminal
+from taskrun.runner.output.paths import check_writable_folder, confine
+from taskrun.runner.output.terminal import for_terminal
 from taskrun.tasks import REGISTRY, get_task
 from taskrun.tasks.base import (
     Input,

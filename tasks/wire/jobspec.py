@@ -1,7 +1,7 @@
 """A job described as data: the one shape every programmatic front door turns its requests into.
 
 The server's endpoints (OpenAI, Ollama, native ``/v1/tasks/{task}``), ``run batch``'s JSONL lines
-and the CLI's ``--server`` mode all build a :class:`JobSpec` and run it with :func:`run_spec`, so
+and the CLI's ``--server`` mode all build a :class:`JobSpec` and run it with ``runner.jobs.run_spec``, so
 each request format has one parser and every job goes through ``run_job`` (checks, run log,
 metrics) exactly as a command-line job does.
 
@@ -20,12 +20,11 @@ import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from taskrun.runner.inputs import is_path, options_from
 from taskrun.tasks import get_task
 from taskrun.tasks.base import Input, TaskError
-from taskrun.tasks.inputs import file_input, text_input
+from taskrun.tasks.inputs import file_input, is_path, text_input
 
 
 @dataclass
@@ -148,19 +147,3 @@ def path_options(task: str) -> set[str]:
     import dataclasses
 
     return {f.name for f in dataclasses.fields(get_task(task).Options) if f.metadata.get("path")}
-
-
-def run_spec(spec: JobSpec, *, log=None, on_event: Callable[[Any], None] | None = None,
-             device: str = "auto", dtype: str = "auto", offline: bool = False):
-    """Run a JobSpec through ``run_job`` (checks, model cache, run log, metrics) → JobRecord."""
-    from taskrun.runner.jobs import run_job
-
-    task = get_task(spec.task)
-    return run_job(task, lambda: list(spec.inputs), lambda: options_from(task, _cli_values(task, spec.options)),
-                   model=spec.model, runtime=spec.runtime, device=device, dtype=dtype,
-                   offline=offline, log=log, on_event=on_event)
-
-
-def _cli_values(task, options: dict[str, Any]) -> dict[str, Any]:
-    """JSON option values → the types the Options dataclass holds (lists become tuples)."""
-    return {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}

@@ -1,5 +1,5 @@
 """`run bench TASK`: taskrun against the engine a user would otherwise pick, measured side by side,
-each in a process of its own (runner/bench_core.py times, runner/bench_suites.py and bench_more.py
+each in a process of its own (runner/bench/core.py times, runner/bench/suites.py and more.py
 say what).
 
     run bench transcribe                      # vs faster-whisper (greedy, beam 5, batched)
@@ -26,11 +26,11 @@ NOISY_STEAL_PCT = 5.0
 DEFAULT_TIMEOUT_S = 1800.0  # per load or call: generous for a long file, but never forever
 
 SUITES = {
-    "transcribe": "taskrun.runner.bench_suites:transcribe",
-    "embed": "taskrun.runner.bench_suites:embed",
-    "classify": "taskrun.runner.bench_suites:classify",
-    "generate": "taskrun.runner.bench_more:generate",
-    "image": "taskrun.runner.bench_more:image",
+    "transcribe": "taskrun.runner.bench.suites:transcribe",
+    "embed": "taskrun.runner.bench.suites:embed",
+    "classify": "taskrun.runner.bench.suites:classify",
+    "generate": "taskrun.runner.bench.more:generate",
+    "image": "taskrun.runner.bench.more:image",
 }
 
 
@@ -48,11 +48,11 @@ def bench(task: str, model: str | None = None, against: tuple[str, ...] = (), ro
           busy: int = 0, timeout: float | None = DEFAULT_TIMEOUT_S) -> dict:
     """Build TASK's suite, measure it (cold, one warm-up, ``rounds`` interleaved rounds; each
     contender in a process of its own unless ``isolate`` is false; ``busy`` spinning neighbour
-    processes beside it) and return the JSON result (runner/bench_core.py's report, with quality).
+    processes beside it) and return the JSON result (runner/bench/core.py's report, with quality).
     A contender that fails, or whose load or call takes longer than ``timeout`` seconds, drops out
     and is listed under ``failed``; the others are still measured."""
-    from taskrun.runner.bench_core import Skipped, busy_neighbours, can_isolate, measure, report
-    from taskrun.runner.bench_host import cpu_ticks, host, steal_pct
+    from taskrun.runner.bench.core import Skipped, busy_neighbours, can_isolate, measure, report
+    from taskrun.runner.bench.host import cpu_ticks, host, steal_pct
 
     suite = suite_for(task, model, against, data, quick)
     facts = host(bandwidth=True)  # before any contender or busy neighbour warms the machine

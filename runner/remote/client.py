@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import click
 
-from taskrun.runner.from_json import find_type, from_json, record_of
+from taskrun.runner.remote.records import find_type, from_json, record_of
 from taskrun.runner.inputs import gather_inputs, options_from
 from taskrun.tasks import events as ev
 from taskrun.tasks.base import Input, Task, TaskError, to_jsonable
@@ -38,9 +38,9 @@ PATH_OPTIONS = {"json_schema": "inline", "corpus": "name", "annotate": "local", 
 def execute_remote(task: Task, *, server: str, api_key: str | None, inputs, files, values, model, runtime,
                    device, dtype, json_mode, fmt, output, quiet) -> None:
     """A task command's job, run on the server at ``server``; printed and written as `execute` does."""
-    from taskrun.runner.output import EventPrinter, check_output_path, emit, pick_format
-    from taskrun.runner.paths import job_paths
-    from taskrun.runner.remote_http import stream_job
+    from taskrun.runner.output.writer import EventPrinter, check_output_path, emit, pick_format
+    from taskrun.runner.output.paths import job_paths
+    from taskrun.runner.remote.http import stream_job
 
     if device != "auto" or dtype != "auto":
         raise TaskError("--device and --dtype are the server's choice with --server (see `run serve "

@@ -18,9 +18,9 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from taskrun.runner.jobspec import JobSpec, Uploads
-from taskrun.runner.serve import openai_out
-from taskrun.runner.serve.errors import APIError, from_task_error, invalid, unsupported
+from taskrun.tasks.wire.jobspec import JobSpec, Uploads
+from taskrun.tasks.wire import openai_out
+from taskrun.tasks.wire.errors import APIError, from_task_error, invalid, unsupported
 from taskrun.tasks.base import Input, TaskError
 from taskrun.tasks.inputs import file_input, text_input
 

@@ -7,7 +7,7 @@ losing rows.
 A job writes its row twice, each a short transaction: at its start (status ``running``, with the
 process that runs it) and at its end (the whole row). A job killed in between (SIGKILL, a power
 cut) keeps its ``running`` row; readers show it as ``interrupted`` once its process is gone
-(:mod:`taskrun.runner.liveness`).
+(:mod:`taskrun.runner.runlog.liveness`).
 
 The log never blocks work: a log that cannot be opened or written (damaged, read-only, a full disk,
 locked for longer than the busy timeout) is reported once on stderr, naming the file, why, and how
@@ -27,9 +27,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from taskrun.runner import liveness
-from taskrun.runner.logfaults import fix as _fix
-from taskrun.runner.logfaults import why
+from taskrun.runner.runlog import liveness
+from taskrun.runner.runlog.faults import fix as _fix
+from taskrun.runner.runlog.faults import why
 from taskrun.tasks.base import TaskError
 
 MIGRATIONS: list[str] = [
@@ -349,7 +349,7 @@ class RunLog:
     def search(self, text: str, n: int = 20, task: str | None = None) -> list[dict]:
         """Runs whose texts hold every word of ``text``, newest first (FTS5; without it, a slower
         substring scan)."""
-        from taskrun.runner.logsearch import search
+        from taskrun.runner.runlog.search import search
 
         return self._read(lambda db: [self._decode(r) for r in search(db, self.fts, text, n, task)])
 

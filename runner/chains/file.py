@@ -1,6 +1,6 @@
 """A chain file read and its shape checked: the keys, the kinds of inputs, each step's keys and the
 types of its options (against the task's Options), artifact names that stay in the output folder.
-The format is described in runner/chains.py, which runs chains."""
+The format is described in runner/chains/run.py, which runs chains."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from taskrun.runner.paths import inside_name
-from taskrun.runner.terminal import for_terminal
+from taskrun.runner.output.paths import inside_name
+from taskrun.runner.output.terminal import for_terminal
 from taskrun.tasks.base import Task, TaskError
 
 if sys.version_info >= (3, 11):
@@ -19,9 +19,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-CHAIN_DIR = Path(__file__).resolve().parent.parent / "configs" / "chains"
-INPUT_KINDS = ("text", "audio", "image", "path")
-CHAIN_DIR = Path(__file__).resolve().parent.parent / "configs" / "chains"
+CHAIN_DIR = Path(__file__).resolve().parents[2] / "configs" / "chains"  # taskrun/configs/chains
 INPUT_KINDS = ("text", "audio", "image", "path")
 
 

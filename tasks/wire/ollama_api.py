@@ -13,16 +13,16 @@ import json
 from datetime import datetime, timezone
 from typing import Any
 
-from taskrun.runner.jobspec import JobSpec, Uploads
-from taskrun.runner.serve.errors import invalid, unsupported
-from taskrun.runner.serve.openai_api import (
+from taskrun.tasks.wire.jobspec import JobSpec, Uploads
+from taskrun.tasks.wire.errors import invalid, unsupported
+from taskrun.tasks.wire.openai_api import (
     chat_messages,
     check_fields,
     model_of,
     text_of,
     typed,
 )
-from taskrun.runner.serve.openai_out import finish_reason
+from taskrun.tasks.wire.openai_out import finish_reason
 
 # Ollama option → generate option
 OPTIONS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "seed": "seed",

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import click
-from taskrun.runner.paths import check_output_path  # noqa: F401  (runner/remote.py imports it here)
-from taskrun.runner.terminal import for_terminal
+from taskrun.runner.output.paths import check_output_path  # noqa: F401  (runner/remote/client.py imports it here)
+from taskrun.runner.output.terminal import for_terminal
 from taskrun.tasks import events as ev
 from taskrun.tasks.base import Task, TaskError, atomic_write, to_jsonable
 
