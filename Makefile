@@ -29,7 +29,7 @@ LLAMA_CMAKE := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGG
 	-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAVA_BUILD=OFF -DLLAMA_CURL=OFF
 LLAMA_ENV   := CMAKE_ARGS="$(LLAMA_CMAKE)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc)
 
-.PHONY: install demo test test-fast bench clean
+.PHONY: install demo lint test test-fast bench clean
 
 install: $(VENV)/.installed
 
@@ -54,10 +54,19 @@ demo: install
 	$(RUN) image "a handwritten 7" -n 4 -o out/seven.png
 	$(RUN) logs -n 10
 
+# Style and types, before the tests: ruff's formatter and its rule set (pyproject.toml), and mypy
+# over the torch-free layers, checked as the packages they install as (taskrun.tasks, ...).
+lint: install
+	$(BIN)/ruff format --check --quiet .
+	$(BIN)/ruff check --quiet .
+	rm -rf build/typecheck && mkdir -p build/typecheck/taskrun
+	for d in tasks models configs; do ln -s ../../../$$d build/typecheck/taskrun/$$d; done
+	MYPYPATH=build/typecheck $(BIN)/mypy -p taskrun.tasks -p taskrun.models
+
 # Two test processes (pytest-xdist): the suite is mostly model loads and subprocesses, which
 # overlap well on this project's 2-core machines. TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
-test: install
+test: lint
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 
 test-fast: install

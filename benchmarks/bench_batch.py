@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 RUN = str(Path(sys.executable).parent / "run")
 
-from benchmarks.bench_embed import sentences
+from benchmarks.bench_embed import sentences  # noqa: E402 (needs the checkout on sys.path)
 
 
 def timed(args: list[str], env: dict) -> float:
@@ -73,13 +73,18 @@ def bench_embed(args, tmp: Path, env: dict) -> dict:
     loop_s = sum(timed([RUN, "embed", "--json", "-q", "--", texts[i]], env) for i in range(args.loop))
     one = {it["result"]["text"]: it["result"]["vector"] for it in json.loads((tmp / "one.json").read_text())["items"]}
     rates = {"batch": args.n / batch_s, "one_call_f": args.n / one_s, "loop": args.loop / loop_s}
-    return {"sentences": args.n, "batch_s": round(batch_s, 2), "one_call_f_s": round(one_s, 2),
-            "loop_calls": args.loop, "loop_s": round(loop_s, 2),
-            "loop_extrapolated_s": round(loop_s / args.loop * args.n, 1),
-            "items_per_s": {k: round(v, 2) for k, v in rates.items()},
-            "batch_vs_one_call": round(rates["batch"] / rates["one_call_f"], 3),
-            "batch_vs_loop": round(rates["batch"] / rates["loop"], 1),
-            "max_abs_diff_batch_vs_f": max_abs_diff(vectors_of_batch(tmp / "batch.jsonl"), one)}
+    return {
+        "sentences": args.n,
+        "batch_s": round(batch_s, 2),
+        "one_call_f_s": round(one_s, 2),
+        "loop_calls": args.loop,
+        "loop_s": round(loop_s, 2),
+        "loop_extrapolated_s": round(loop_s / args.loop * args.n, 1),
+        "items_per_s": {k: round(v, 2) for k, v in rates.items()},
+        "batch_vs_one_call": round(rates["batch"] / rates["one_call_f"], 3),
+        "batch_vs_loop": round(rates["batch"] / rates["loop"], 1),
+        "max_abs_diff_batch_vs_f": max_abs_diff(vectors_of_batch(tmp / "batch.jsonl"), one),
+    }
 
 
 def make_clips(folder: Path, n: int, seconds: float = 3.0) -> float:
@@ -91,7 +96,7 @@ def make_clips(folder: Path, n: int, seconds: float = 3.0) -> float:
     step = (len(audio) / sr - seconds) / max(1, n - 1)
     for i in range(n):
         a = int(i * step * sr)
-        sf.write(folder / f"clip{i:02d}.wav", audio[a:a + int(seconds * sr)], sr, subtype="PCM_16")
+        sf.write(folder / f"clip{i:02d}.wav", audio[a : a + int(seconds * sr)], sr, subtype="PCM_16")
     return n * seconds
 
 
@@ -99,18 +104,28 @@ def bench_transcribe(args, tmp: Path, env: dict) -> dict:
     clips = tmp / "clips"
     audio_s = make_clips(clips, args.clips)
     pool_s = timed([RUN, "batch", "transcribe", str(clips), "-o", str(tmp / "t-pool.jsonl"), "-q"], env)
-    one_s = timed([RUN, "batch", "transcribe", str(clips), "-o", str(tmp / "t-one.jsonl"), "-q",
-                   "--workers", "1"], env)
-    files = sorted(clips.iterdir())[:args.loop_clips]
+    one_s = timed([RUN, "batch", "transcribe", str(clips), "-o", str(tmp / "t-one.jsonl"), "-q", "--workers", "1"], env)
+    files = sorted(clips.iterdir())[: args.loop_clips]
     loop_s = sum(timed([RUN, "transcribe", str(f), "--json", "-q"], env) for f in files)
     loop_audio = len(files) * audio_s / args.clips
-    same = {x["id"]: x["result"]["text"] for x in read_lines(tmp / "t-pool.jsonl")} == \
-        {x["id"]: x["result"]["text"] for x in read_lines(tmp / "t-one.jsonl")}
-    return {"clips": args.clips, "audio_s": audio_s, "batch_pool_s": round(pool_s, 2),
-            "batch_one_process_s": round(one_s, 2), "loop_clips": len(files), "loop_s": round(loop_s, 2),
-            "rtf": {"batch_pool": round(pool_s / audio_s, 3), "batch_one_process": round(one_s / audio_s, 3),
-                    "loop": round(loop_s / loop_audio, 3)},
-            "pool_speedup": round(one_s / pool_s, 2), "pool_and_one_process_transcripts_identical": same}
+    same = {x["id"]: x["result"]["text"] for x in read_lines(tmp / "t-pool.jsonl")} == {
+        x["id"]: x["result"]["text"] for x in read_lines(tmp / "t-one.jsonl")
+    }
+    return {
+        "clips": args.clips,
+        "audio_s": audio_s,
+        "batch_pool_s": round(pool_s, 2),
+        "batch_one_process_s": round(one_s, 2),
+        "loop_clips": len(files),
+        "loop_s": round(loop_s, 2),
+        "rtf": {
+            "batch_pool": round(pool_s / audio_s, 3),
+            "batch_one_process": round(one_s / audio_s, 3),
+            "loop": round(loop_s / loop_audio, 3),
+        },
+        "pool_speedup": round(one_s / pool_s, 2),
+        "pool_and_one_process_transcripts_identical": same,
+    }
 
 
 def bench_ray(args, tmp: Path, env: dict) -> dict:
@@ -119,10 +134,14 @@ def bench_ray(args, tmp: Path, env: dict) -> dict:
     out = {}
     for actors in (1, 2):
         path = tmp / f"ray{actors}.jsonl"
-        dt = timed([RUN, "batch", "embed", str(src), "-o", str(path), "-q", "--engine", "ray",
-                    "--actors", str(actors)], env)
-        out[f"actors_{actors}"] = {"s": round(dt, 2), "items_per_s": round(args.n / dt, 2),
-                                   "max_abs_diff_vs_local": max_abs_diff(vectors_of_batch(path), local)}
+        dt = timed(
+            [RUN, "batch", "embed", str(src), "-o", str(path), "-q", "--engine", "ray", "--actors", str(actors)], env
+        )
+        out[f"actors_{actors}"] = {
+            "s": round(dt, 2),
+            "items_per_s": round(args.n / dt, 2),
+            "max_abs_diff_vs_local": max_abs_diff(vectors_of_batch(path), local),
+        }
     return out
 
 
@@ -147,19 +166,30 @@ def bench_rss(args, tmp: Path, env: dict) -> dict:
 
 def report(result: dict) -> None:
     e, t, r, m = result["embed"], result["transcribe"], result["ray"], result["rss"]
-    print(f"embed {e['sentences']} sentences   items/s: batch {e['items_per_s']['batch']}, "
-          f"one -f call {e['items_per_s']['one_call_f']}, loop {e['items_per_s']['loop']} "
-          f"(extrapolated from {e['loop_calls']} calls)")
-    print(f"  batch / one call {e['batch_vs_one_call']}x   batch / loop {e['batch_vs_loop']}x   "
-          f"max |diff| {e['max_abs_diff_batch_vs_f']:.2e}")
-    print(f"transcribe {t['clips']} clips ({t['audio_s']} s)   rtf: batch+pool {t['rtf']['batch_pool']}, "
-          f"batch 1 process {t['rtf']['batch_one_process']}, loop {t['rtf']['loop']}   "
-          f"pool speedup {t['pool_speedup']}x   identical {t['pool_and_one_process_transcripts_identical']}")
+    print(
+        f"embed {e['sentences']} sentences   items/s: batch {e['items_per_s']['batch']}, "
+        f"one -f call {e['items_per_s']['one_call_f']}, loop {e['items_per_s']['loop']} "
+        f"(extrapolated from {e['loop_calls']} calls)"
+    )
+    print(
+        f"  batch / one call {e['batch_vs_one_call']}x   batch / loop {e['batch_vs_loop']}x   "
+        f"max |diff| {e['max_abs_diff_batch_vs_f']:.2e}"
+    )
+    print(
+        f"transcribe {t['clips']} clips ({t['audio_s']} s)   rtf: batch+pool {t['rtf']['batch_pool']}, "
+        f"batch 1 process {t['rtf']['batch_one_process']}, loop {t['rtf']['loop']}   "
+        f"pool speedup {t['pool_speedup']}x   identical {t['pool_and_one_process_transcripts_identical']}"
+    )
     for k, v in r.items():
-        print(f"ray {k}: {v['s']} s, {v['items_per_s']} items/s (local batch {e['batch_s']} s), "
-              f"max |diff| vs local {v['max_abs_diff_vs_local']:.2e}")
-    print("peak RSS: " + ", ".join(f"{k} lines {v['peak_rss_mb']} MB" for k, v in m.items() if k != "ratio")
-          + f"   ratio {m['ratio']}")
+        print(
+            f"ray {k}: {v['s']} s, {v['items_per_s']} items/s (local batch {e['batch_s']} s), "
+            f"max |diff| vs local {v['max_abs_diff_vs_local']:.2e}"
+        )
+    print(
+        "peak RSS: "
+        + ", ".join(f"{k} lines {v['peak_rss_mb']} MB" for k, v in m.items() if k != "ratio")
+        + f"   ratio {m['ratio']}"
+    )
 
 
 def main() -> None:
@@ -175,15 +205,24 @@ def main() -> None:
         args.n, args.loop, args.clips, args.loop_clips, args.rss_lines = 2000, 3, 6, 3, 10_000
     with tempfile.TemporaryDirectory(prefix="bench-batch-") as d:
         tmp = Path(d)
-        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-                   TASKRUN_LOG_DB=str(tmp / "runs.db"))  # the benchmark's jobs stay out of the user's log
+        env = dict(
+            os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TASKRUN_LOG_DB=str(tmp / "runs.db")
+        )  # the benchmark's jobs stay out of the user's log
         from taskrun.runner.bench.host import host
 
-        result = {"benchmark": "batch", "quick": args.quick, "machine": f"{platform.machine()} {os.cpu_count()} cpus",
-                  "host": host(bandwidth=True),
-                  "command": "python " + " ".join(sys.argv)}
-        for name, part in (("embed", bench_embed), ("transcribe", bench_transcribe), ("ray", bench_ray),
-                           ("rss", bench_rss)):
+        result = {
+            "benchmark": "batch",
+            "quick": args.quick,
+            "machine": f"{platform.machine()} {os.cpu_count()} cpus",
+            "host": host(bandwidth=True),
+            "command": "python " + " ".join(sys.argv),
+        }
+        for name, part in (
+            ("embed", bench_embed),
+            ("transcribe", bench_transcribe),
+            ("ray", bench_ray),
+            ("rss", bench_rss),
+        ):
             t = time.perf_counter()
             result[name] = part(args, tmp, env)
             print(f"[{name} done in {time.perf_counter() - t:.0f} s]", file=sys.stderr, flush=True)

@@ -4,7 +4,7 @@ sentences, same process; and the engine choices behind taskrun's default, measur
     python benchmarks/bench_embed.py [--n 2000] [--rounds 3] [--quick]
     python benchmarks/bench_embed.py --candidates [--n 2000] [--rounds 3]
 
-The first form is `run bench embed` (runner/bench/suites.py: the same contenders, interleaved
+The first form is `run bench embed` (runner/bench/embed.py: the same contenders, interleaved
 rounds, medians) and writes benchmarks/results/embed.json. ``--candidates`` times each text-encoder
 engine (transformers in its default dtype, onnxruntime float32) on the same length-sorted texts
 with: batches of 32 and 64 texts, 64 texts capped at 1,024 and 2,048 padded tokens, and batches
@@ -27,10 +27,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from taskrun.runner.bench.suites import sentences  # noqa: E402  (shared with `run bench embed`)
+from taskrun.runner.bench.embed import sentences  # noqa: E402  (shared with `run bench embed`)
 
-SETTINGS = [("batch 32", 32, None, 1), ("batch 64", 64, None, 1), ("batch 64, <= 1024 tokens", 64, 1024, 1),
-            ("batch 64, <= 2048 tokens", 64, 2048, 1), ("batch 32, padded to x8", 32, None, 8)]
+SETTINGS = [
+    ("batch 32", 32, None, 1),
+    ("batch 64", 64, None, 1),
+    ("batch 64, <= 1024 tokens", 64, 1024, 1),
+    ("batch 64, <= 2048 tokens", 64, 2048, 1),
+    ("batch 32, padded to x8", 32, None, 8),
+]
 
 
 def padded(multiple: int):
@@ -46,6 +51,7 @@ def padded(multiple: int):
             input_ids = np.pad(input_ids, ((0, 0), (0, extra)), constant_values=pad)
             mask = np.pad(mask, ((0, 0), (0, extra)))
         return input_ids, mask
+
     return pad_to if multiple > 1 else pad_rows
 
 
@@ -65,8 +71,10 @@ def candidates(n: int, rounds: int) -> dict:
     torch.set_grad_enabled(False)
     texts, card = sentences(n), resolve("minilm")
     ref = enc.encode(HFTextEncoder(card, "cpu", "float32"), texts, 32).vectors
-    engines = {"transformers (default dtype)": HFTextEncoder(card, "cpu", "auto"),
-               "onnxruntime float32": OrtTextEncoder(card, "cpu", "auto")}
+    engines = {
+        "transformers (default dtype)": HFTextEncoder(card, "cpu", "auto"),
+        "onnxruntime float32": OrtTextEncoder(card, "cpu", "auto"),
+    }
     times: dict[tuple[str, str], list[float]] = {}
     cosine: dict[tuple[str, str], float] = {}
     for r in range(rounds + 1):  # round 0 warms up
@@ -81,13 +89,28 @@ def candidates(n: int, rounds: int) -> dict:
                     times.setdefault((ename, sname), []).append(dt)
                     cosine[(ename, sname)] = float((vec * ref).sum(1).min())
     hf_encoder.pad_rows = ort_encoder.pad_rows = padded(1)
-    rows = [{"engine": e, "setting": s, "dtype": engines[e].dtype, "median_s": round(statistics.median(ts), 3),
-             "sentences_per_s": round(n / statistics.median(ts), 1), "runs_s": [round(x, 3) for x in ts],
-             "min_cosine_vs_float32": round(cosine[(e, s)], 5)} for (e, s), ts in times.items()]
-    return {"benchmark": "embed candidates", "sentences": n, "rounds": rounds, "rows": rows,
-            "tokens": int(sum(len(x) for x in engines["onnxruntime float32"].tokenize(texts))),
-            "machine": f"{platform.machine()} {os.cpu_count()} cpus",
-            "command": "python " + " ".join(sys.argv), "numpy": np.__version__}
+    rows = [
+        {
+            "engine": e,
+            "setting": s,
+            "dtype": engines[e].dtype,
+            "median_s": round(statistics.median(ts), 3),
+            "sentences_per_s": round(n / statistics.median(ts), 1),
+            "runs_s": [round(x, 3) for x in ts],
+            "min_cosine_vs_float32": round(cosine[(e, s)], 5),
+        }
+        for (e, s), ts in times.items()
+    ]
+    return {
+        "benchmark": "embed candidates",
+        "sentences": n,
+        "rounds": rounds,
+        "rows": rows,
+        "tokens": int(sum(len(x) for x in engines["onnxruntime float32"].tokenize(texts))),
+        "machine": f"{platform.machine()} {os.cpu_count()} cpus",
+        "command": "python " + " ".join(sys.argv),
+        "numpy": np.__version__,
+    }
 
 
 def main() -> None:
@@ -104,8 +127,10 @@ def main() -> None:
     if args.candidates:
         result = candidates(args.n, args.rounds)
         for row in result["rows"]:
-            print(f"{row['engine']:<30}{row['setting']:<28}{row['median_s']:>8.3f} s"
-                  f"{row['sentences_per_s']:>9.1f}/s  cos {row['min_cosine_vs_float32']}")
+            print(
+                f"{row['engine']:<30}{row['setting']:<28}{row['median_s']:>8.3f} s"
+                f"{row['sentences_per_s']:>9.1f}/s  cos {row['min_cosine_vs_float32']}"
+            )
         (out / "embed_candidates.json").write_text(json.dumps(result, indent=1) + "\n")
         return
 

@@ -45,19 +45,29 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-PROMPT = ("Write a long, detailed story about a young astronomer named Mira who builds her own "
-          "telescope from a cardboard tube, two old lenses and a broom handle. Describe how she grinds "
-          "the lenses, how she aligns them, the first night she points it at the Moon, what the craters "
-          "look like, how she finds Jupiter and its four bright moons, and how she keeps a notebook of "
-          "everything she sees. End with Mira showing the telescope to her grandmother.")
+PROMPT = (
+    "Write a long, detailed story about a young astronomer named Mira who builds her own "
+    "telescope from a cardboard tube, two old lenses and a broom handle. Describe how she grinds "
+    "the lenses, how she aligns them, the first night she points it at the Moon, what the craters "
+    "look like, how she finds Jupiter and its four bright moons, and how she keeps a notebook of "
+    "everything she sees. End with Mira showing the telescope to her grandmother."
+)
 # the warm-up answer: another long prompt, so one-time work (the llama.cpp engine's float16
 # prompt copy, made once per file into the cache) is done before the timed answers; cold_start times it
-WARMUP = ("Describe, step by step and in plain words, how a bicycle gear system works: the chainring, "
-          "the cassette, the derailleurs, how the chain moves between sprockets, why low gears help on "
-          "hills, how to shift smoothly under load, and what to check when the chain skips or rubs. "
-          "Finish with three tips for keeping the drivetrain clean through a wet winter of commuting.")
-PATHS = ("taskrun_default", "taskrun_transformers", "plain_fp32_generate", "llamacpp_generate",
-         "llamacpp_completion", "llamacpp_generate_1t")
+WARMUP = (
+    "Describe, step by step and in plain words, how a bicycle gear system works: the chainring, "
+    "the cassette, the derailleurs, how the chain moves between sprockets, why low gears help on "
+    "hills, how to shift smoothly under load, and what to check when the chain skips or rubs. "
+    "Finish with three tips for keeping the drivetrain clean through a wet winter of commuting."
+)
+PATHS = (
+    "taskrun_default",
+    "taskrun_transformers",
+    "plain_fp32_generate",
+    "llamacpp_generate",
+    "llamacpp_completion",
+    "llamacpp_generate_1t",
+)
 DIRECT = ("llamacpp_generate", "llamacpp_completion", "llamacpp_generate_1t")
 
 
@@ -90,8 +100,14 @@ def _taskrun(runtime: str | None):
         out, clock = Decoded(), Clock()  # started at the call
         for _ in llm.stream(ids, Sampling(max_tokens=n), clock, out):
             pass
-        return {"ttft_s": out.first_token_at, "decode_tokens_per_s": out.decode_tokens_per_s,
-                "tokens": len(out.token_ids), "input_tokens": len(ids), "token_ids": out.token_ids}
+        return {
+            "ttft_s": out.first_token_at,
+            "decode_tokens_per_s": out.decode_tokens_per_s,
+            "tokens": len(out.token_ids),
+            "input_tokens": len(ids),
+            "token_ids": out.token_ids,
+        }
+
     return run, {"runtime": rt, "dtype": llm.dtype}
 
 
@@ -119,15 +135,22 @@ def _plain():
             pass
 
     def run(prompt: str, n: int) -> dict:
-        enc = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                      return_tensors="pt", return_dict=True)
+        enc = tok.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
         s, t0 = Stamps(), time.perf_counter()
         with torch.inference_mode():
             out = model.generate(**enc, max_new_tokens=n, do_sample=False, streamer=s)
         k = out.shape[1] - enc["input_ids"].shape[1]
         ts = s.times
-        return {"ttft_s": ts[0] - t0, "decode_tokens_per_s": (len(ts) - 1) / (ts[-1] - ts[0]) if len(ts) > 1 else 0,
-                "tokens": k, "input_tokens": int(enc["input_ids"].shape[1]), "token_ids": out[0, -k:].tolist()}
+        return {
+            "ttft_s": ts[0] - t0,
+            "decode_tokens_per_s": (len(ts) - 1) / (ts[-1] - ts[0]) if len(ts) > 1 else 0,
+            "tokens": k,
+            "input_tokens": int(enc["input_ids"].shape[1]),
+            "token_ids": out[0, -k:].tolist(),
+        }
+
     return run, {"runtime": "transformers generate", "dtype": "float32"}
 
 
@@ -145,8 +168,11 @@ def _direct(completion: bool, fixed_threads: int = 0):
 
     # the prompt as taskrun builds it: the GGUF's template, rendered the same way, same token ids
     vocab = llm._model
-    fmt = Jinja2ChatFormatter(llm.metadata["tokenizer.chat_template"], eos_token=vocab.token_get_text(
-        vocab.token_eos()), bos_token=vocab.token_get_text(vocab.token_bos()))
+    fmt = Jinja2ChatFormatter(
+        llm.metadata["tokenizer.chat_template"],
+        eos_token=vocab.token_get_text(vocab.token_eos()),
+        bos_token=vocab.token_get_text(vocab.token_bos()),
+    )
 
     def ids_of(prompt: str) -> list[int]:
         text = fmt(messages=[{"role": "user", "content": prompt}]).prompt
@@ -157,7 +183,7 @@ def _direct(completion: bool, fixed_threads: int = 0):
         llm.reset()  # a fresh prompt: nothing reused from the previous call's KV cache
         t0 = time.perf_counter()
         if completion:
-            for chunk in llm.create_completion(ids, max_tokens=n, temperature=0.0, stream=True):
+            for _chunk in llm.create_completion(ids, max_tokens=n, temperature=0.0, stream=True):
                 times.append(time.perf_counter())
         else:
             for tok in llm.generate(ids, temp=0.0, top_k=1):
@@ -165,11 +191,15 @@ def _direct(completion: bool, fixed_threads: int = 0):
                 got.append(tok)
                 if len(got) >= n or llm.token_eos() == tok:
                     break
-        return {"ttft_s": times[0] - t0,
-                "decode_tokens_per_s": (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0,
-                "tokens": len(times), "input_tokens": len(ids), "token_ids": got}
-    return run, {"runtime": "llama-cpp-python " + ("create_completion" if completion else "generate"),
-                 "dtype": "q4_1"}
+        return {
+            "ttft_s": times[0] - t0,
+            "decode_tokens_per_s": (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0,
+            "tokens": len(times),
+            "input_tokens": len(ids),
+            "token_ids": got,
+        }
+
+    return run, {"runtime": "llama-cpp-python " + ("create_completion" if completion else "generate"), "dtype": "q4_1"}
 
 
 def child(path: str, n: int, reps: int) -> None:
@@ -178,18 +208,33 @@ def child(path: str, n: int, reps: int) -> None:
 
     configure_threads()
     t = time.perf_counter()
-    run, info = {"taskrun_default": lambda: _taskrun(None), "taskrun_transformers": lambda: _taskrun("transformers"),
-                 "plain_fp32_generate": _plain, "llamacpp_generate": lambda: _direct(False),
-                 "llamacpp_completion": lambda: _direct(True),
-                 "llamacpp_generate_1t": lambda: _direct(False, 1)}[path]()
+    run, info = {
+        "taskrun_default": lambda: _taskrun(None),
+        "taskrun_transformers": lambda: _taskrun("transformers"),
+        "plain_fp32_generate": _plain,
+        "llamacpp_generate": lambda: _direct(False),
+        "llamacpp_completion": lambda: _direct(True),
+        "llamacpp_generate_1t": lambda: _direct(False, 1),
+    }[path]()
     load = time.perf_counter() - t
     run(WARMUP, 4)  # one-time work out of the timed answers
     rs = [run(PROMPT, n) for _ in range(reps)]
     med = {k: statistics.median(r[k] for r in rs) for k in ("ttft_s", "decode_tokens_per_s")}
-    print(json.dumps({"path": path, **info, "load_s": load, **med, "input_tokens": rs[0]["input_tokens"],
-                      "tokens": rs[0]["tokens"], "prefill_tokens_per_s": rs[0]["input_tokens"] / med["ttft_s"],
-                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                      "token_ids": rs[0]["token_ids"]}))
+    print(
+        json.dumps(
+            {
+                "path": path,
+                **info,
+                "load_s": load,
+                **med,
+                "input_tokens": rs[0]["input_tokens"],
+                "tokens": rs[0]["tokens"],
+                "prefill_tokens_per_s": rs[0]["input_tokens"] / med["ttft_s"],
+                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                "token_ids": rs[0]["token_ids"],
+            }
+        )
+    )
 
 
 def run_child(args: list[str], timeout: int = 900) -> dict:
@@ -207,8 +252,11 @@ def timed_cmd(cmd: list[str], env: dict) -> dict:
     out = subprocess.run(["/usr/bin/time", "-v", *cmd], capture_output=True, text=True, env=env, timeout=600)
     wall = time.perf_counter() - t
     rss = next((int(x.split(":")[1]) / 1024 for x in out.stderr.splitlines() if "Maximum resident" in x), 0.0)
-    noise = [x for x in out.stderr.splitlines() if x and not x.startswith(("\t", "[cut: "))
-             and not x.startswith("Command being timed")]
+    noise = [
+        x
+        for x in out.stderr.splitlines()
+        if x and not x.startswith(("\t", "[cut: ")) and not x.startswith("Command being timed")
+    ]
     return {"wall_s": wall, "peak_rss_mb": rss, "rc": out.returncode, "stderr_lines": noise[:5]}
 
 
@@ -263,8 +311,10 @@ def summarise(rows: dict[str, list[dict]]) -> dict:
         if not ok:
             table[path] = {"error": rs[0].get("error", "")}
             continue
-        row = {k: statistics.median(r[k] for r in ok) for k in
-               ("ttft_s", "decode_tokens_per_s", "prefill_tokens_per_s", "peak_rss_mb", "load_s")}
+        row = {
+            k: statistics.median(r[k] for r in ok)
+            for k in ("ttft_s", "decode_tokens_per_s", "prefill_tokens_per_s", "peak_rss_mb", "load_s")
+        }
         row.update({k: ok[0][k] for k in ("runtime", "dtype", "input_tokens", "tokens")}, samples=len(ok))
         table[path] = row
     direct = [table[p] for p in DIRECT if "ttft_s" in table.get(p, {})]
@@ -280,7 +330,9 @@ def summarise(rows: dict[str, list[dict]]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="2 rounds, 2 answers each, 32 tokens, no transformers cold run")
+    ap.add_argument(
+        "--quick", action="store_true", help="2 rounds, 2 answers each, 32 tokens, no transformers cold run"
+    )
     ap.add_argument("--rounds", type=int, default=0)
     ap.add_argument("--reps", type=int, default=0)
     ap.add_argument("--tokens", type=int, default=0)
@@ -304,9 +356,20 @@ def main() -> None:
     guard = run_child_quality()
     report(table, cold, guard, n, rounds, reps)
     same = {p: rows[p][0].get("token_ids") == rows["taskrun_default"][0].get("token_ids") for p in PATHS}
-    result = {"model": "smollm2-135m", "new_tokens": n, "rounds": rounds, "reps": reps, "threads": threads(),
-              "paths": table, "greedy_tokens_equal_to_default": same, "cold_start": cold, "quality": guard,
-              "loadavg_1min": os.getloadavg()[0], "quick": args.quick, "host": facts}
+    result = {
+        "model": "smollm2-135m",
+        "new_tokens": n,
+        "rounds": rounds,
+        "reps": reps,
+        "threads": threads(),
+        "paths": table,
+        "greedy_tokens_equal_to_default": same,
+        "cold_start": cold,
+        "quality": guard,
+        "loadavg_1min": os.getloadavg()[0],
+        "quick": args.quick,
+        "host": facts,
+    }
     out = ROOT / "benchmarks" / "results" / "generate.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
@@ -314,33 +377,52 @@ def main() -> None:
 
 
 def run_child_quality() -> dict:
-    out = subprocess.run([sys.executable, "-c", f"import sys, json; sys.path.insert(0, {str(ROOT)!r}); "
-                          f"from benchmarks.bench_generate import quality; print(json.dumps(quality()))"],
-                         capture_output=True, text=True, timeout=900, cwd=str(ROOT))
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import sys, json; sys.path.insert(0, {str(ROOT)!r}); "
+            f"from benchmarks.bench_generate import quality; print(json.dumps(quality()))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=str(ROOT),
+    )
     lines = [x for x in out.stdout.splitlines() if x.startswith("{")]
     return json.loads(lines[-1]) if lines else {"error": out.stderr[-400:]}
 
 
 def report(table: dict, cold: dict, guard: dict, n: int, rounds: int, reps: int) -> None:
     dec, pre = threads()
-    print(f"SmolLM2-135M-Instruct Q4_1, {n} new tokens, {rounds} interleaved rounds x {reps} answers "
-          f"(medians), threads: decode {dec}, prompt {pre}")
-    print(f"{'path':<22}{'runtime':<34}{'dtype':>8}{'load_s':>8}{'ttft_s':>8}{'prefill/s':>10}"
-          f"{'decode/s':>9}{'RSS MB':>8}{'dec×lc':>7}{'ttft×lc':>8}")
+    print(
+        f"SmolLM2-135M-Instruct Q4_1, {n} new tokens, {rounds} interleaved rounds x {reps} answers "
+        f"(medians), threads: decode {dec}, prompt {pre}"
+    )
+    print(
+        f"{'path':<22}{'runtime':<34}{'dtype':>8}{'load_s':>8}{'ttft_s':>8}{'prefill/s':>10}"
+        f"{'decode/s':>9}{'RSS MB':>8}{'dec×lc':>7}{'ttft×lc':>8}"
+    )
     for p, r in table.items():
         if "error" in r:
             print(f"{p:<22} failed: {r['error'][-200:]}")
             continue
-        print(f"{p:<22}{r['runtime']:<34}{r['dtype']:>8}{r['load_s']:>8.2f}{r['ttft_s']:>8.3f}"
-              f"{r['prefill_tokens_per_s']:>10.0f}{r['decode_tokens_per_s']:>9.1f}{r['peak_rss_mb']:>8.0f}"
-              f"{r.get('decode_vs_llamacpp', float('nan')):>7.2f}{r.get('ttft_vs_llamacpp', float('nan')):>8.2f}")
+        print(
+            f"{p:<22}{r['runtime']:<34}{r['dtype']:>8}{r['load_s']:>8.2f}{r['ttft_s']:>8.3f}"
+            f"{r['prefill_tokens_per_s']:>10.0f}{r['decode_tokens_per_s']:>9.1f}{r['peak_rss_mb']:>8.0f}"
+            f"{r.get('decode_vs_llamacpp', float('nan')):>7.2f}{r.get('ttft_vs_llamacpp', float('nan')):>8.2f}"
+        )
     for k, v in cold.items():
-        print(f"cold `run generate \"Hi\" --max-tokens 8` [{k}]: {v['wall_s']:.2f} s wall "
-              f"({v['beyond_torch_import_s']:+.2f} s beyond `import torch`), peak RSS {v['peak_rss_mb']:.0f} MB, "
-              f"stderr lines {len(v['stderr_lines'])}")
+        print(
+            f'cold `run generate "Hi" --max-tokens 8` [{k}]: {v["wall_s"]:.2f} s wall '
+            f"({v['beyond_torch_import_s']:+.2f} s beyond `import torch`), peak RSS {v['peak_rss_mb']:.0f} MB, "
+            f"stderr lines {len(v['stderr_lines'])}"
+        )
     if "top1_agreement" in guard:
-        print(f"quality: {guard['runtime']} {guard['dtype']} vs float32 transformers, teacher-forced top-1 "
-              f"agreement on {guard['positions']} tokens: {guard['top1_agreement']:.1%}")
+        print(
+            f"quality: {guard['runtime']} {guard['dtype']} vs float32 transformers, teacher-forced top-1 "
+            f"agreement on {guard['positions']} tokens: {guard['top1_agreement']:.1%}"
+        )
     print(f"load average: {os.getloadavg()[0]:.1f} (shared machine: compare the ratios)")
 
 

@@ -45,15 +45,18 @@ def taskrun_job(pipe, inputs, **opts):
         events = list(pipe.run(inputs, Options(**opts), Clock()))
     gen = [e for e in events if isinstance(e, ev.Item)][0].result
     m = events[-1].metrics
-    return {"s_per_step": m.s_per_step, "images_per_s": m.images_per_s, "compile_s": m.compile_s,
-            "pixels": np.stack([im.pixels for im in gen.images])}
+    return {
+        "s_per_step": m.s_per_step,
+        "images_per_s": m.images_per_s,
+        "compile_s": m.compile_s,
+        "pixels": np.stack([im.pixels for im in gen.images]),
+    }
 
 
 # --------------------------------------------------------------------------- digits
 
 
-def digits_reference(folder: Path, label: int, n: int, steps: int, guidance: float, seed: int,
-                     batched: bool = True):
+def digits_reference(folder: Path, label: int, n: int, steps: int, guidance: float, seed: int, batched: bool = True):
     """The loop a diffusers user writes for a class-conditional UNet2DModel (eager, fp32)."""
     from diffusers import DDIMScheduler, UNet2DModel
 
@@ -62,8 +65,7 @@ def digits_reference(folder: Path, label: int, n: int, steps: int, guidance: flo
     null = json.loads((folder / "conditioning.json").read_text())["null_class"]
     with torch.inference_mode():
         t0 = time.perf_counter()
-        x = torch.cat([torch.randn((1, 1, 8, 8), generator=torch.Generator().manual_seed(seed + i))
-                       for i in range(n)])
+        x = torch.cat([torch.randn((1, 1, 8, 8), generator=torch.Generator().manual_seed(seed + i)) for i in range(n)])
         sched.set_timesteps(steps)
         y, y0 = torch.full((n,), label), torch.full((n,), null)
         t1 = time.perf_counter()
@@ -84,15 +86,15 @@ _cache: dict = {}
 
 
 def bench_digits(rounds: int, steps: int = 25, n: int = 10, label: int = 7, seed: int = 42):
-    from taskrun.pipelines.diffusion.image import DiffusionPipeline as Pipeline
     from taskrun.models.resolve import resolve
+    from taskrun.pipelines.diffusion.image import DiffusionPipeline as Pipeline
 
     card = resolve("digits-ddpm")
     folder = Path(card.path)
     guidance = json.loads((folder / "conditioning.json").read_text())["default_guidance"]
     pipe = Pipeline(card, device="cpu")
     runs = {"taskrun": [], "reference": [], "naive": []}
-    for r in range(rounds):  # interleaved, so a busy moment on the machine hits all three
+    for _r in range(rounds):  # interleaved, so a busy moment on the machine hits all three
         runs["taskrun"].append(taskrun_job(pipe, [], label=str(label), n=n, steps=steps, seed=seed))
         runs["reference"].append(digits_reference(folder, label, n, steps, guidance, seed))
         runs["naive"].append(digits_reference(folder, label, n, steps, guidance, seed, batched=False))
@@ -100,11 +102,14 @@ def bench_digits(rounds: int, steps: int = 25, n: int = 10, label: int = 7, seed
     bf = [taskrun_job(bf16, [], label=str(label), n=n, steps=steps, seed=seed) for _ in range(3)]
     steady = runs["taskrun"][2:] or runs["taskrun"]  # job 1 runs eager, job 2 traces the UNet
     out = summarize(steady, runs["reference"], runs["naive"])
-    out.update(model="digits-ddpm", setting=f"label {label}, n={n}, {steps} DDIM steps, guidance {guidance}, cpu fp32",
-               first_job_s_per_step=runs["taskrun"][0]["s_per_step"],
-               trace_once_s=max(x["compile_s"] for x in runs["taskrun"]),
-               bf16_s_per_step=med(bf[1:], "s_per_step"),
-               bf16_max_pixel_diff=int(np.abs(bf[-1]["pixels"].astype(int) - runs["reference"][0]["pixels"]).max()))
+    out.update(
+        model="digits-ddpm",
+        setting=f"label {label}, n={n}, {steps} DDIM steps, guidance {guidance}, cpu fp32",
+        first_job_s_per_step=runs["taskrun"][0]["s_per_step"],
+        trace_once_s=max(x["compile_s"] for x in runs["taskrun"]),
+        bf16_s_per_step=med(bf[1:], "s_per_step"),
+        bf16_max_pixel_diff=int(np.abs(bf[-1]["pixels"].astype(int) - runs["reference"][0]["pixels"]).max()),
+    )
     return out
 
 
@@ -126,21 +131,25 @@ def sd_reference(pipe, prompt: str, seed: int):
 
     try:
         t0 = time.perf_counter()
-        out = pipe(prompt, generator=torch.Generator().manual_seed(seed), output_type="np",
-                   callback_on_step_end=on_step)
+        out = pipe(
+            prompt, generator=torch.Generator().manual_seed(seed), output_type="np", callback_on_step_end=on_step
+        )
         t3 = time.perf_counter()
     finally:
         hook.remove()
     steps = pipe.num_timesteps
-    return {"s_per_step": (marks["last"] - marks["loop"]) / steps, "images_per_s": 1 / (t3 - t0),
-            "pixels": (out.images * 255).round().astype(np.uint8)}
+    return {
+        "s_per_step": (marks["last"] - marks["loop"]) / steps,
+        "images_per_s": 1 / (t3 - t0),
+        "pixels": (out.images * 255).round().astype(np.uint8),
+    }
 
 
 def bench_sd(rounds: int, seed: int = 42):
     from diffusers import StableDiffusionPipeline
 
-    from taskrun.pipelines.diffusion.image import DiffusionPipeline as Pipeline
     from taskrun.models.resolve import resolve
+    from taskrun.pipelines.diffusion.image import DiffusionPipeline as Pipeline
     from tests.tiny.sd import build
 
     folder = build(Path(tempfile.mkdtemp(prefix="bench-image-")))
@@ -149,16 +158,18 @@ def bench_sd(rounds: int, seed: int = 42):
     ref.set_progress_bar_config(disable=True)
     prompt = [Input(source="bench", kind="text", text="a red fox")]
     runs = {"taskrun": [], "reference": []}
-    for r in range(rounds):
+    for _r in range(rounds):
         runs["taskrun"].append(taskrun_job(ours, prompt, seed=seed))
         with torch.inference_mode():
             runs["reference"].append(sd_reference(ref, "a red fox", seed))
     steady = runs["taskrun"][2:] or runs["taskrun"]  # job 1 runs eager, job 2 traces the UNet
     out = summarize(steady, runs["reference"], None)
-    out.update(first_job_s_per_step=runs["taskrun"][0]["s_per_step"],
-               trace_once_s=max(x["compile_s"] for x in runs["taskrun"]),
-               model="tiny random Stable Diffusion (tests/tiny/sd.py)",
-               setting="defaults: 50 DDIM steps, guidance 7.5, 32x32, cpu fp32")
+    out.update(
+        first_job_s_per_step=runs["taskrun"][0]["s_per_step"],
+        trace_once_s=max(x["compile_s"] for x in runs["taskrun"]),
+        model="tiny random Stable Diffusion (tests/tiny/sd.py)",
+        setting="defaults: 50 DDIM steps, guidance 7.5, 32x32, cpu fp32",
+    )
     return out
 
 
@@ -170,10 +181,13 @@ def med(runs, key):
 
 
 def summarize(ours, ref, naive):
-    out = {"taskrun_s_per_step": med(ours, "s_per_step"), "reference_s_per_step": med(ref, "s_per_step"),
-           "taskrun_images_per_s": med(ours, "images_per_s"),
-           "reference_images_per_s": med(ref, "images_per_s"),
-           "max_pixel_diff": int(np.abs(ours[-1]["pixels"].astype(int) - ref[-1]["pixels"]).max())}
+    out = {
+        "taskrun_s_per_step": med(ours, "s_per_step"),
+        "reference_s_per_step": med(ref, "s_per_step"),
+        "taskrun_images_per_s": med(ours, "images_per_s"),
+        "reference_images_per_s": med(ref, "images_per_s"),
+        "max_pixel_diff": int(np.abs(ours[-1]["pixels"].astype(int) - ref[-1]["pixels"]).max()),
+    }
     out["per_step_speedup"] = out["reference_s_per_step"] / out["taskrun_s_per_step"]
     out["images_per_s_ratio"] = out["taskrun_images_per_s"] / out["reference_images_per_s"]
     if naive:
@@ -190,24 +204,36 @@ def main() -> None:
 
     facts = host(bandwidth=True)  # before the contenders warm the machine
     rounds = 4 if a.quick else 8
-    results = {"digits": bench_digits(rounds), "tiny_sd": bench_sd(4 if a.quick else 6),
-               "rounds": rounds, "threads": torch.get_num_threads(), "host": facts,
-               "note": "2 shared CPU cores, busy with other jobs: compare ratios from the same run, "
-                       "not absolute numbers"}
-    print(f"{'model':<10} {'taskrun s/step':>15} {'reference s/step':>17} {'speedup':>8} "
-          f"{'taskrun img/s':>14} {'ref img/s':>10} {'max px diff':>12}")
+    results = {
+        "digits": bench_digits(rounds),
+        "tiny_sd": bench_sd(4 if a.quick else 6),
+        "rounds": rounds,
+        "threads": torch.get_num_threads(),
+        "host": facts,
+        "note": "2 shared CPU cores, busy with other jobs: compare ratios from the same run, not absolute numbers",
+    }
+    print(
+        f"{'model':<10} {'taskrun s/step':>15} {'reference s/step':>17} {'speedup':>8} "
+        f"{'taskrun img/s':>14} {'ref img/s':>10} {'max px diff':>12}"
+    )
     for name in ("digits", "tiny_sd"):
         r = results[name]
-        print(f"{name:<10} {r['taskrun_s_per_step']:>15.4f} {r['reference_s_per_step']:>17.4f} "
-              f"{r['per_step_speedup']:>7.2f}x {r['taskrun_images_per_s']:>14.2f} "
-              f"{r['reference_images_per_s']:>10.2f} {r['max_pixel_diff']:>12}")
+        print(
+            f"{name:<10} {r['taskrun_s_per_step']:>15.4f} {r['reference_s_per_step']:>17.4f} "
+            f"{r['per_step_speedup']:>7.2f}x {r['taskrun_images_per_s']:>14.2f} "
+            f"{r['reference_images_per_s']:>10.2f} {r['max_pixel_diff']:>12}"
+        )
     for name in ("digits", "tiny_sd"):
         r = results[name]
-        print(f"{name}: first (untraced) job {r['first_job_s_per_step']:.4f} s/step; "
-              f"tracing the UNet once {r['trace_once_s']:.2f} s")
+        print(
+            f"{name}: first (untraced) job {r['first_job_s_per_step']:.4f} s/step; "
+            f"tracing the UNet once {r['trace_once_s']:.2f} s"
+        )
     d = results["digits"]
-    print(f"digits: vs a naive two-forward CFG loop {d['per_step_speedup_vs_naive']:.2f}x per step; "
-          f"bf16 {d['bf16_s_per_step']:.4f} s/step (max px diff {d['bf16_max_pixel_diff']})")
+    print(
+        f"digits: vs a naive two-forward CFG loop {d['per_step_speedup_vs_naive']:.2f}x per step; "
+        f"bf16 {d['bf16_s_per_step']:.4f} s/step (max px diff {d['bf16_max_pixel_diff']})"
+    )
     out = ROOT / "benchmarks" / "results" / "image.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1) + "\n")

@@ -26,9 +26,12 @@ QUERY = "how long should a kitten stay with its mother?"
 
 
 def make_corpus(out: Path, files: int) -> None:
-    sentences = [s.strip() for f in sorted((ROOT / "samples/docs").glob("*.md"))
-                 for s in re.split(r"(?<=[.!?])\s+", f.read_text())
-                 if len(s.strip()) > 30 and not s.strip().startswith("#")]
+    sentences = [
+        s.strip()
+        for f in sorted((ROOT / "samples/docs").glob("*.md"))
+        for s in re.split(r"(?<=[.!?])\s+", f.read_text())
+        if len(s.strip()) > 30 and not s.strip().startswith("#")
+    ]
     out.mkdir(parents=True, exist_ok=True)
     for i in range(files):
         rng = random.Random(i)
@@ -42,11 +45,18 @@ def make_corpus(out: Path, files: int) -> None:
 
 
 def search(corpus: Path, env: dict) -> dict:
-    out = subprocess.run([RUN, "search", QUERY, "--corpus", str(corpus), "--json", "-q"], env=env,
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [RUN, "search", QUERY, "--corpus", str(corpus), "--json", "-q"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     m = json.loads(out)["metrics"]
-    return {k: m.get(k) for k in ("passages", "files", "files_embedded", "embedded_passages",
-                                  "reused_passages", "index_s", "wall_s")}
+    return {
+        k: m.get(k)
+        for k in ("passages", "files", "files_embedded", "embedded_passages", "reused_passages", "index_s", "wall_s")
+    }
 
 
 def main() -> None:
@@ -59,16 +69,26 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="taskrun-index-bench-") as tmp:
         corpus = Path(tmp) / "corpus"
         make_corpus(corpus, args.files)
-        env = {**os.environ, "TASKRUN_CACHE_DIR": f"{tmp}/cache", "TASKRUN_LOG_DB": f"{tmp}/runs.db",
-               "HF_HUB_OFFLINE": "1"}
+        env = {
+            **os.environ,
+            "TASKRUN_CACHE_DIR": f"{tmp}/cache",
+            "TASKRUN_LOG_DB": f"{tmp}/runs.db",
+            "HF_HUB_OFFLINE": "1",
+        }
         first = search(corpus, env)
         with open(corpus / "note-007.md", "a") as f:
             f.write("Edited one paragraph of note-007.md.\n")
         edited = search(corpus, env)
         unchanged = search(corpus, env)
     ratio = edited["index_s"] / first["index_s"] if first["index_s"] else None
-    result = {"first": first, "after_one_edit": edited, "unchanged": unchanged,
-              "reindex_ratio": None if ratio is None else round(ratio, 4), "target": "<= 0.05", "host": facts}
+    result = {
+        "first": first,
+        "after_one_edit": edited,
+        "unchanged": unchanged,
+        "reindex_ratio": None if ratio is None else round(ratio, 4),
+        "target": "<= 0.05",
+        "host": facts,
+    }
     print(json.dumps(result, indent=1))
     out = ROOT / "benchmarks/results/search_index.json"
     out.write_text(json.dumps(result, indent=1) + "\n")

@@ -38,12 +38,24 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 RUN = str(Path(sys.executable).parent / "run")
-SENTENCES = ["The meeting moved to Thursday.", "Prices rose in March.", "Alice owns the budget.",
-             "The cat sat on the mat.", "Ship the release on Friday.", "Bob reviews the tests.",
-             "Rain is expected tomorrow.", "The model loads once.", "Queues keep memory bounded.",
-             "Search finds the passage.", "A short clip of speech.", "Vectors for similarity.",
-             "The server stays warm.", "Batching merges requests.", "Latency is what users feel.",
-             "Throughput is what servers sell."]
+SENTENCES = [
+    "The meeting moved to Thursday.",
+    "Prices rose in March.",
+    "Alice owns the budget.",
+    "The cat sat on the mat.",
+    "Ship the release on Friday.",
+    "Bob reviews the tests.",
+    "Rain is expected tomorrow.",
+    "The model loads once.",
+    "Queues keep memory bounded.",
+    "Search finds the passage.",
+    "A short clip of speech.",
+    "Vectors for similarity.",
+    "The server stays warm.",
+    "Batching merges requests.",
+    "Latency is what users feel.",
+    "Throughput is what servers sell.",
+]
 
 
 def free_port() -> int:
@@ -57,8 +69,19 @@ def start_server(extra: list[str], log_dir: Path, name: str) -> tuple[subprocess
     import httpx
 
     port = free_port()
-    cmd = [RUN, "serve", "--port", str(port), "--preload", "minilm", "--preload", "whisper-tiny.en",
-           "--preload", "smollm2-135m", *extra]
+    cmd = [
+        RUN,
+        "serve",
+        "--port",
+        str(port),
+        "--preload",
+        "minilm",
+        "--preload",
+        "whisper-tiny.en",
+        "--preload",
+        "smollm2-135m",
+        *extra,
+    ]
     log = open(log_dir / f"{name}.log", "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=bench_env(log_dir / f"{name}.db"))
     url = f"http://127.0.0.1:{port}"
@@ -103,8 +126,13 @@ def pct(values: list[float], q: float) -> float:
 
 
 def summary(times: list[float]) -> dict:
-    return {"n": len(times), "p50_s": round(pct(times, 50), 3), "p95_s": round(pct(times, 95), 3),
-            "min_s": round(min(times), 3), "max_s": round(max(times), 3)}
+    return {
+        "n": len(times),
+        "p50_s": round(pct(times, 50), 3),
+        "p95_s": round(pct(times, 95), 3),
+        "min_s": round(min(times), 3),
+        "max_s": round(max(times), 3),
+    }
 
 
 def timed_run(args: list[str], env: dict) -> float:
@@ -128,10 +156,16 @@ def latency(url: str, jobs: dict[str, list[str]], runs: int, cold_runs: int, log
                 cold.append(timed_run(args, env))
             if i < runs:
                 warm.append(timed_run([*args, "--server", url], env))
-        out[name] = {"command": "run " + " ".join(args), "cold_cli": summary(cold), "warm_server": summary(warm),
-                     "speedup_p50": round(pct(cold, 50) / pct(warm, 50), 1)}
-        print(f"{name:<12} cold p50 {pct(cold, 50):7.2f} s  p95 {pct(cold, 95):7.2f} s   "
-              f"--server p50 {pct(warm, 50):6.3f} s  p95 {pct(warm, 95):6.3f} s")
+        out[name] = {
+            "command": "run " + " ".join(args),
+            "cold_cli": summary(cold),
+            "warm_server": summary(warm),
+            "speedup_p50": round(pct(cold, 50) / pct(warm, 50), 1),
+        }
+        print(
+            f"{name:<12} cold p50 {pct(cold, 50):7.2f} s  p95 {pct(cold, 95):7.2f} s   "
+            f"--server p50 {pct(warm, 50):6.3f} s  p95 {pct(warm, 95):6.3f} s"
+        )
     return out
 
 
@@ -140,6 +174,7 @@ def embed_round(url: str, clients: int) -> float:
     import httpx
 
     with httpx.Client(timeout=120, limits=httpx.Limits(max_connections=clients)) as client:
+
         def one(i: int) -> None:
             r = client.post(url + "/v1/embeddings", json={"model": "minilm", "input": SENTENCES[i % len(SENTENCES)]})
             r.raise_for_status()
@@ -157,10 +192,17 @@ def embed_concurrency(batched: str, unbatched: str, rounds: int, clients: int = 
         on.append(embed_round(batched, clients))
         off.append(embed_round(unbatched, clients))
     ratio = statistics.median(on) / statistics.median(off)
-    print(f"embed x{clients} clients  batching {statistics.median(on):7.1f} req/s   "
-          f"no batching {statistics.median(off):7.1f} req/s   ratio {ratio:.2f}x (median of {rounds})")
-    return {"clients": clients, "rounds": rounds, "batching_req_per_s": [round(x, 1) for x in on],
-            "no_batching_req_per_s": [round(x, 1) for x in off], "ratio_median": round(ratio, 2)}
+    print(
+        f"embed x{clients} clients  batching {statistics.median(on):7.1f} req/s   "
+        f"no batching {statistics.median(off):7.1f} req/s   ratio {ratio:.2f}x (median of {rounds})"
+    )
+    return {
+        "clients": clients,
+        "rounds": rounds,
+        "batching_req_per_s": [round(x, 1) for x in on],
+        "no_batching_req_per_s": [round(x, 1) for x in off],
+        "ratio_median": round(ratio, 2),
+    }
 
 
 def generate_streams(url: str, streams: int, max_tokens: int) -> dict:
@@ -176,8 +218,12 @@ def generate_streams(url: str, streams: int, max_tokens: int) -> dict:
             if kind == "token" and not first:
                 first.append(time.perf_counter() - t0)
 
-        body = {"input": [{"text": f"Write a short note about item {i}."}], "model": "smollm2-135m",
-                "options": {"max_tokens": max_tokens, "seed": i}, "stream": True}
+        body = {
+            "input": [{"text": f"Write a short note about item {i}."}],
+            "model": "smollm2-135m",
+            "options": {"max_tokens": max_tokens, "seed": i},
+            "stream": True,
+        }
         done = stream_job(url, None, "generate", body, on_event)
         tokens = sum(it["result"]["output_tokens"] for it in done["job"]["items"])
         return (first[0] if first else float("nan")), time.perf_counter() - t0, tokens
@@ -187,9 +233,15 @@ def generate_streams(url: str, streams: int, max_tokens: int) -> dict:
         results = list(pool.map(one, range(streams)))
     wall = time.perf_counter() - t
     tokens = sum(r[2] for r in results)
-    return {"streams": streams, "max_tokens": max_tokens, "ttft_s": [round(r[0], 3) for r in results],
-            "stream_wall_s": [round(r[1], 3) for r in results], "tokens": tokens,
-            "aggregate_tokens_per_s": round(tokens / wall, 1), "wall_s": round(wall, 3)}
+    return {
+        "streams": streams,
+        "max_tokens": max_tokens,
+        "ttft_s": [round(r[0], 3) for r in results],
+        "stream_wall_s": [round(r[1], 3) for r in results],
+        "tokens": tokens,
+        "aggregate_tokens_per_s": round(tokens / wall, 1),
+        "wall_s": round(wall, 3),
+    }
 
 
 def generate_concurrency(url: str, max_tokens: int) -> dict:
@@ -198,17 +250,23 @@ def generate_concurrency(url: str, max_tokens: int) -> dict:
     four = generate_streams(url, 4, max_tokens)
     print(f"generate x1 stream   {alone['aggregate_tokens_per_s']:6.1f} tok/s  ttft {alone['ttft_s'][0]:.3f} s")
     print(f"generate x4 streams  {four['aggregate_tokens_per_s']:6.1f} tok/s  ttft {four['ttft_s']} s")
-    return {"one_stream": alone, "four_streams": four, "server_does": "queues: one job per model at a time",
-            "llama_cpp_server": llama_cpp_status()}
+    return {
+        "one_stream": alone,
+        "four_streams": four,
+        "server_does": "queues: one job per model at a time",
+        "llama_cpp_server": llama_cpp_status(),
+    }
 
 
 def llama_cpp_status() -> str:
     try:
         import llama_cpp.server  # noqa: F401
     except ImportError as exc:
-        return (f"not measured: llama_cpp.server is not installed here ({exc}); `pip install "
-                f"'llama-cpp-python[server]'` builds llama.cpp from source, which this machine cannot "
-                f"download")
+        return (
+            f"not measured: llama_cpp.server is not installed here ({exc}); `pip install "
+            f"'llama-cpp-python[server]'` builds llama.cpp from source, which this machine cannot "
+            f"download"
+        )
     return "installed, but not measured by this script yet"
 
 
@@ -227,22 +285,30 @@ def main() -> None:
     log_dir = Path(tempfile.mkdtemp(prefix="bench-serve-"))
     from taskrun.runner.bench.host import host
 
-    result = {"benchmark": "serve", "quick": args.quick, "machine": f"{platform.machine()} {os.cpu_count()} cpus",
-              "host": host(bandwidth=True),
-              "command": "python " + " ".join(sys.argv), "server_logs": str(log_dir)}
+    result = {
+        "benchmark": "serve",
+        "quick": args.quick,
+        "machine": f"{platform.machine()} {os.cpu_count()} cpus",
+        "host": host(bandwidth=True),
+        "command": "python " + " ".join(sys.argv),
+        "server_logs": str(log_dir),
+    }
     servers = []
     try:
         proc, url = start_server([], log_dir, "batching")
         servers.append(proc)
         if "latency" in parts:
-            jobs = {"embed": ["embed", "hello"],
-                    "transcribe": ["transcribe", str(clip(5.0, log_dir))],
-                    "generate": ["generate", "Say hello.", "--max-tokens", "16", "--seed", "0"]}
+            jobs = {
+                "embed": ["embed", "hello"],
+                "transcribe": ["transcribe", str(clip(5.0, log_dir))],
+                "generate": ["generate", "Say hello.", "--max-tokens", "16", "--seed", "0"],
+            }
             result["latency"] = latency(url, jobs, args.runs, args.cold_runs, log_dir)
             warm = result["latency"]["embed"]["warm_server"]["p50_s"]
             result["target_warm_embed_p50_s"], result["target_met"] = 0.3, warm <= 0.3
-            print(f"target: warm `run embed hello --server` p50 ≤ 0.3 s: {'met' if warm <= 0.3 else 'NOT met'} "
-                  f"({warm} s)")
+            print(
+                f"target: warm `run embed hello --server` p50 ≤ 0.3 s: {'met' if warm <= 0.3 else 'NOT met'} ({warm} s)"
+            )
         if "embed16" in parts:
             proc2, url2 = start_server(["--no-batching"], log_dir, "no-batching")
             servers.append(proc2)

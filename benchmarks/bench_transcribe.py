@@ -46,8 +46,12 @@ def taskrun_path(runtime: str | None, audio: Path, beam: int | None = None, batc
         from taskrun.tasks.transcribe import TASK, Options
 
         opts = Options(beam_size=beam, batch_size=batch)
-        return lambda: run_job(TASK, lambda: [file_input(audio)], opts, model="whisper-tiny.en",
-                               runtime=runtime, log=None).results[0].text
+        return lambda: (
+            run_job(TASK, lambda: [file_input(audio)], opts, model="whisper-tiny.en", runtime=runtime, log=None)
+            .results[0]
+            .text
+        )
+
     return load
 
 
@@ -56,9 +60,9 @@ def hf_pipeline_path(audio_path: Path, batch: int = 1):
     import torch
     from transformers import pipeline
 
+    from taskrun.models.resolve import cache_dir, resolve
     from taskrun.pipelines.device import configure_threads
     from taskrun.pipelines.speech.ct2_convert import converted_folder
-    from taskrun.models.resolve import cache_dir, resolve
 
     configure_threads()
     folder = converted_folder(resolve("whisper-tiny.en"), cache_dir())  # the same weights
@@ -67,8 +71,13 @@ def hf_pipeline_path(audio_path: Path, batch: int = 1):
     def run() -> str:
         audio, sr = sf.read(audio_path, dtype="float32")
         with torch.inference_mode():
-            out = asr({"raw": audio, "sampling_rate": sr}, chunk_length_s=30, return_timestamps=True,
-                      batch_size=batch, generate_kwargs={"num_beams": 1})
+            out = asr(
+                {"raw": audio, "sampling_rate": sr},
+                chunk_length_s=30,
+                return_timestamps=True,
+                batch_size=batch,
+                generate_kwargs={"num_beams": 1},
+            )
         return out["text"]
 
     return run
@@ -97,14 +106,24 @@ def make_long(path: Path, minutes: int, sr: int = 44100) -> None:
 
 def peak_rss(path: Path) -> dict:
     env = {**os.environ, "TASKRUN_LOG_DB": str(path.with_suffix(".db"))}
-    out = subprocess.run([str(Path(sys.executable).parent / "run"), "transcribe", str(path), "--json", "-q"],
-                         capture_output=True, text=True, cwd=ROOT, env=env)
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "run"), "transcribe", str(path), "--json", "-q"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+    )
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-2000:])
     j = json.loads(out.stdout.strip().splitlines()[-1])
     m = j["metrics"]
-    return {"audio_s": m["audio_s"], "peak_rss_mb": m["peak_rss_mb"], "chunks": m["chunks"],
-            "rtf": round(m["rtf"], 4), "wall_s": m["wall_s"]}
+    return {
+        "audio_s": m["audio_s"],
+        "peak_rss_mb": m["peak_rss_mb"],
+        "chunks": m["chunks"],
+        "rtf": round(m["rtf"], 4),
+        "wall_s": m["wall_s"],
+    }
 
 
 def memory() -> dict:
@@ -140,13 +159,21 @@ def speech_set(tmp: Path) -> list[tuple[str, Path, str, str, str | None]]:
             for line in (DEBIAN / folder / listing).read_text().splitlines():
                 text, name = line.rsplit("(", 1)
                 ref = text.replace("<s>", "").replace("</s>", "").strip()
-                items.append((f"{folder}/{name[:-1]}", DEBIAN / folder / f"{name[:-1]}.wav", ref,
-                              "whisper-tiny.en", None))
+                items.append(
+                    (f"{folder}/{name[:-1]}", DEBIAN / folder / f"{name[:-1]}.wav", ref, "whisper-tiny.en", None)
+                )
         raw = np.fromfile(DEBIAN / "goforward.raw", dtype="<i2").astype(np.float32) / 32768
         sf.write(tmp / "goforward.wav", raw, 16000)
         items.append(("goforward", tmp / "goforward.wav", "go forward ten meters", "whisper-tiny.en", None))
-    items.append(("guten-morgen.wav (whisper-base)", ROOT / "samples" / "guten-morgen.wav",
-                  "Guten Morgen. Heute besprechen wir den Haushalt für das nächste Jahr.", "whisper-base", "de"))
+    items.append(
+        (
+            "guten-morgen.wav (whisper-base)",
+            ROOT / "samples" / "guten-morgen.wav",
+            "Guten Morgen. Heute besprechen wir den Haushalt für das nächste Jahr.",
+            "whisper-base",
+            "de",
+        )
+    )
     return items
 
 
@@ -170,8 +197,13 @@ def wer_set() -> dict:
         for name, path, ref, model, language in speech_set(Path(d)):
             row = {"sample": name, "words": len(words_of(folded(ref)))}
             for beam in (1, 5):
-                rec = run_job(TASK, lambda: [file_input(path)], Options(beam_size=beam, language=language),
-                              model=model, log=None)
+                rec = run_job(
+                    TASK,
+                    lambda path=path: [file_input(path)],
+                    Options(beam_size=beam, language=language),
+                    model=model,
+                    log=None,
+                )
                 hyp = rec.results[0].text
                 e = wer(folded(ref), folded(hyp))
                 row[f"beam{beam}"] = {"wer": round(e, 4), "text": hyp}
@@ -182,10 +214,17 @@ def wer_set() -> dict:
     set_wer = {f"beam{b}": round(e / n, 4) for b, (e, n) in pooled.items()}
     gap = round(100 * (set_wer["beam1"] - set_wer["beam5"]), 2)
     choice = "beam 5" if gap > 0.5 else "greedy"
-    print(f"set WER: greedy {set_wer['beam1']:.4f}, beam 5 {set_wer['beam5']:.4f} ({pooled[1][1]} words); "
-          f"beam 5 better by {gap} points -> default {choice} (greedy unless beam wins by > 0.5)")
-    return {"samples": rows, "set_wer": set_wer, "beam5_better_by_points": gap, "default": choice,
-            "rule": "greedy unless beam 5 is better by more than 0.5 WER points, pooled over the set"}
+    print(
+        f"set WER: greedy {set_wer['beam1']:.4f}, beam 5 {set_wer['beam5']:.4f} ({pooled[1][1]} words); "
+        f"beam 5 better by {gap} points -> default {choice} (greedy unless beam wins by > 0.5)"
+    )
+    return {
+        "samples": rows,
+        "set_wer": set_wer,
+        "beam5_better_by_points": gap,
+        "default": choice,
+        "rule": "greedy unless beam 5 is better by more than 0.5 WER points, pooled over the set",
+    }
 
 
 # --------------------------------------------------------------------------- main
@@ -210,63 +249,104 @@ def speed(audio: Path, copies: int, rounds: int, transformers: bool = True) -> d
 
     audio_s = sf.info(audio).duration
     contenders = [
-        Contender("taskrun (ctranslate2)", taskrun_path(None, audio), "taskrun",
-                  "default: greedy, VAD, the speech in one stretch"),
-        Contender("taskrun (ctranslate2), batched", taskrun_path(None, audio, None, 8), "taskrun",
-                  "greedy, --batch-size 8"),
+        Contender(
+            "taskrun (ctranslate2)",
+            taskrun_path(None, audio),
+            "taskrun",
+            "default: greedy, VAD, the speech in one stretch",
+        ),
+        Contender(
+            "taskrun (ctranslate2), batched", taskrun_path(None, audio, None, 8), "taskrun", "greedy, --batch-size 8"
+        ),
         Contender("taskrun (ctranslate2), beam 5", taskrun_path(None, audio, 5), "taskrun", "beam 5"),
         Contender("faster-whisper direct", faster_whisper_run("whisper-tiny.en", [audio], 5, False), note="beam 5"),
-        Contender("faster-whisper direct, greedy", faster_whisper_run("whisper-tiny.en", [audio], 1, False),
-                  note="beam 1"),
-        Contender("faster-whisper batched, greedy", faster_whisper_run("whisper-tiny.en", [audio], 1, True),
-                  note="BatchedInferencePipeline, batch 8"),
+        Contender(
+            "faster-whisper direct, greedy", faster_whisper_run("whisper-tiny.en", [audio], 1, False), note="beam 1"
+        ),
+        Contender(
+            "faster-whisper batched, greedy",
+            faster_whisper_run("whisper-tiny.en", [audio], 1, True),
+            note="BatchedInferencePipeline, batch 8",
+        ),
     ]
     if transformers:
-        contenders += [Contender("taskrun (transformers)", taskrun_path("transformers", audio), "taskrun", "greedy"),
-                       Contender("taskrun (transformers), batched", taskrun_path("transformers", audio, None, 8),
-                                 "taskrun", "greedy, --batch-size 8"),
-                       Contender("transformers pipeline direct", lambda: hf_pipeline_path(audio), note="greedy"),
-                       Contender("transformers pipeline direct, batched", lambda: hf_pipeline_path(audio, 8),
-                                 note="greedy, batch_size 8 (30 s chunks decoded together)")]
+        contenders += [
+            Contender("taskrun (transformers)", taskrun_path("transformers", audio), "taskrun", "greedy"),
+            Contender(
+                "taskrun (transformers), batched",
+                taskrun_path("transformers", audio, None, 8),
+                "taskrun",
+                "greedy, --batch-size 8",
+            ),
+            Contender("transformers pipeline direct", lambda: hf_pipeline_path(audio), note="greedy"),
+            Contender(
+                "transformers pipeline direct, batched",
+                lambda: hf_pipeline_path(audio, 8),
+                note="greedy, batch_size 8 (30 s chunks decoded together)",
+            ),
+        ]
     measured, order = measure(contenders, rounds, isolate=True)
     reference = REFERENCE * copies
     rows = {}
     for m in measured:
         med = statistics.median(m.runs_s)
         text = m.output[0] if isinstance(m.output, list) else m.output
-        rows[m.name] = {"rtf": round(med / audio_s, 4), "seconds": round(med, 3),
-                        "runs_s": [round(t, 3) for t in m.runs_s], "wer": round(wer(reference, text), 4)}
+        rows[m.name] = {
+            "rtf": round(med / audio_s, 4),
+            "seconds": round(med, 3),
+            "runs_s": [round(t, 3) for t in m.runs_s],
+            "wer": round(wer(reference, text), 4),
+        }
     s = {k: v["seconds"] for k, v in rows.items()}
     ratios = {
         "taskrun_ct2_speed_vs_faster_whisper_greedy": round(
-            s["faster-whisper direct, greedy"] / s["taskrun (ctranslate2)"], 3),
+            s["faster-whisper direct, greedy"] / s["taskrun (ctranslate2)"], 3
+        ),
         "taskrun_ct2_speed_vs_faster_whisper_beam5": round(s["faster-whisper direct"] / s["taskrun (ctranslate2)"], 3),
         "taskrun_ct2_beam5_speed_vs_faster_whisper_beam5": round(
-            s["faster-whisper direct"] / s["taskrun (ctranslate2), beam 5"], 3),
+            s["faster-whisper direct"] / s["taskrun (ctranslate2), beam 5"], 3
+        ),
         "taskrun_ct2_batched_speed_vs_taskrun_ct2": round(
-            s["taskrun (ctranslate2)"] / s["taskrun (ctranslate2), batched"], 3),
+            s["taskrun (ctranslate2)"] / s["taskrun (ctranslate2), batched"], 3
+        ),
         "taskrun_ct2_batched_speed_vs_faster_whisper_batched": round(
-            s["faster-whisper batched, greedy"] / s["taskrun (ctranslate2), batched"], 3),
+            s["faster-whisper batched, greedy"] / s["taskrun (ctranslate2), batched"], 3
+        ),
     }
     if transformers:
         ratios["taskrun_transformers_time_over_faster_whisper"] = round(
-            s["taskrun (transformers)"] / s["faster-whisper direct"], 3)
+            s["taskrun (transformers)"] / s["faster-whisper direct"], 3
+        )
         ratios["taskrun_transformers_speed_vs_hf_pipeline"] = round(
-            s["transformers pipeline direct"] / s["taskrun (transformers)"], 3)
+            s["transformers pipeline direct"] / s["taskrun (transformers)"], 3
+        )
         ratios["taskrun_transformers_batched_speed_vs_taskrun_transformers"] = round(
-            s["taskrun (transformers)"] / s["taskrun (transformers), batched"], 3)
+            s["taskrun (transformers)"] / s["taskrun (transformers), batched"], 3
+        )
         ratios["taskrun_transformers_batched_speed_vs_hf_pipeline_batched"] = round(
-            s["transformers pipeline direct, batched"] / s["taskrun (transformers), batched"], 3)
-    print(f"\nwhisper-tiny.en, {audio.name} ({audio_s:.1f} s), {os.cpu_count()} CPUs, load "
-          f"{os.getloadavg()[0]:.1f} (shared with other work: absolute numbers are noisy, ratios are same-run)")
+            s["transformers pipeline direct, batched"] / s["taskrun (transformers), batched"], 3
+        )
+    print(
+        f"\nwhisper-tiny.en, {audio.name} ({audio_s:.1f} s), {os.cpu_count()} CPUs, load "
+        f"{os.getloadavg()[0]:.1f} (shared with other work: absolute numbers are noisy, ratios are same-run)"
+    )
     print(f"{'path':<34} {'rtf':>7} {'median s':>9} {'WER':>6}")
     for name, row in rows.items():
         print(f"{name:<34} {row['rtf']:>7.4f} {row['seconds']:>9.3f} {row['wer']:>6.3f}")
     for k, v in ratios.items():
         print(f"{k:<54} {v}")
-    return {"audio": audio.name, "audio_s": round(audio_s, 3), "model": "whisper-tiny.en",
-            "decoding": "each path's default unless named", "cpus": os.cpu_count(), "machine_busy": True,
-            "load_average_1min": round(os.getloadavg()[0], 2), "paths": rows, "ratios": ratios, "order": order}
+    return {
+        "audio": audio.name,
+        "audio_s": round(audio_s, 3),
+        "model": "whisper-tiny.en",
+        "decoding": "each path's default unless named",
+        "cpus": os.cpu_count(),
+        "machine_busy": True,
+        "load_average_1min": round(os.getloadavg()[0], 2),
+        "paths": rows,
+        "ratios": ratios,
+        "order": order,
+    }
 
 
 def main() -> None:
@@ -274,8 +354,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="1 round instead of 3")
     ap.add_argument("--rounds", type=int, default=0, help="timed rounds (default 3, 1 with --quick)")
     ap.add_argument("--long", type=int, default=0, metavar="N", help="N copies of the meeting in one file")
-    ap.add_argument("--transformers", action="store_true",
-                    help="with --long: also the transformers runtime, sequential and batched")
+    ap.add_argument(
+        "--transformers", action="store_true", help="with --long: also the transformers runtime, sequential and batched"
+    )
     ap.add_argument("--memory", action="store_true", help="also peak RSS for a 1-minute and a 1-hour file")
     ap.add_argument("--memory-only", action="store_true", help="only the memory measurement")
     ap.add_argument("--wer-set", action="store_true", help="only greedy vs beam 5 on every real speech sample")
@@ -303,8 +384,12 @@ def main() -> None:
     facts = host(bandwidth=True)  # measured before the contenders warm the machine
     with tempfile.TemporaryDirectory() as d:
         audio = long_audio(args.long, Path(d)) if args.long else AUDIO
-        result = speed(audio, max(1, args.long), args.rounds or (1 if args.quick else 3),
-                       transformers=not args.long or args.transformers)
+        result = speed(
+            audio,
+            max(1, args.long),
+            args.rounds or (1 if args.quick else 3),
+            transformers=not args.long or args.transformers,
+        )
     result["command"] = "python " + " ".join(sys.argv)
     result["host"] = facts
     if mem is not None:

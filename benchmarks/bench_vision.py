@@ -37,8 +37,12 @@ PHOTOS = sorted((ROOT / "samples" / "images").glob("*.jpg"))
 
 
 # the plain loop, shared with `run bench classify`
-from taskrun.runner.bench.classify import (export_reference_onnx, ort_loop, reference_loop,
-                                         reference_model)
+from taskrun.runner.bench.classify import (  # noqa: E402 (after the offline setting above)
+    export_reference_onnx,
+    ort_loop,
+    reference_loop,
+    reference_model,
+)
 
 
 def main() -> None:
@@ -46,8 +50,9 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=32, help="images per timed pass (the sample photos, repeated)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="16 images, 1 round (a smoke run)")
-    ap.add_argument("--threads", type=int, default=0,
-                    help="torch intra-op threads for every path (default: torch's own choice)")
+    ap.add_argument(
+        "--threads", type=int, default=0, help="torch intra-op threads for every path (default: torch's own choice)"
+    )
     args = ap.parse_args()
     from taskrun.runner.bench.host import host
 
@@ -56,14 +61,15 @@ def main() -> None:
         args.n, args.rounds = 16, 1
 
     from taskrun.pipelines.device import configure_threads
+
     configure_threads()
     import torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from taskrun.pipelines.vision.efficientnet import imagenet_labels
     from taskrun.models.resolve import resolve
+    from taskrun.pipelines.vision.efficientnet import imagenet_labels
     from taskrun.runner.jobs import run_job
     from taskrun.tasks import get_task
     from taskrun.tasks.base import Input
@@ -79,8 +85,9 @@ def main() -> None:
     import onnxruntime as ort
 
     tmp = tempfile.TemporaryDirectory(prefix="taskrun-bench-onnx-")
-    ref_session = ort.InferenceSession(str(export_reference_onnx(card.path, Path(tmp.name) / "m.onnx")),
-                                       providers=["CPUExecutionProvider"])
+    ref_session = ort.InferenceSession(
+        str(export_reference_onnx(card.path, Path(tmp.name) / "m.onnx")), providers=["CPUExecutionProvider"]
+    )
 
     def taskrun(batch, dtype, runtime=None):
         opts = classify.Options(batch_size=batch, top_k=1)
@@ -121,8 +128,12 @@ def main() -> None:
     # top-1 on each distinct photo: taskrun's default dtype against the float32 reference loop
     names = imagenet_labels()
     ref_top1 = reference_loop(ref, PHOTOS)
-    rec = run_job(classify, lambda: [Input(source=str(f), kind="image", path=str(f)) for f in PHOTOS],
-                  classify.Options(top_k=1), model="efficientnet-lite0")
+    rec = run_job(
+        classify,
+        lambda: [Input(source=str(f), kind="image", path=str(f)) for f in PHOTOS],
+        classify.Options(top_k=1),
+        model="efficientnet-lite0",
+    )
     ours_top1 = [r.labels[0].label for r in rec.results]
     top1 = {f.name: {"reference": names[a], "taskrun": b} for f, a, b in zip(PHOTOS, ref_top1, ours_top1)}
     top1_same = all(v["reference"] == v["taskrun"] for v in top1.values())
@@ -144,16 +155,24 @@ def main() -> None:
     latency_inside = {k: round(min(v), 4) for k, v in inside.items()}
 
     result = {
-        "benchmark": "vision", "host": facts, "classifier": card.name, "classifier_digest": card.digest,
-        "images": args.n, "rounds": args.rounds, "threads": torch.get_num_threads(),
+        "benchmark": "vision",
+        "host": facts,
+        "classifier": card.name,
+        "classifier_digest": card.digest,
+        "images": args.n,
+        "rounds": args.rounds,
+        "threads": torch.get_num_threads(),
         "taskrun_auto_dtype": auto_dtype,
         "images_per_s": {k: round(v, 1) for k, v in rates.items()},
         "ratio_vs_plain_loop": {k: round(v / base, 2) for k, v in rates.items()},
         "ratio_vs_onnxruntime": {k: round(v / ort_rate, 2) for k, v in rates.items()},
         "step_ms_per_image": steps,
         "round_s": {k: [round(x, 3) for x in v] for k, v in times.items()},
-        "top1": top1, "top1_unchanged": top1_same,
-        "detect_job_latency_s": latency, "detect_pipeline_latency_s": latency_inside, "detect_faces": faces,
+        "top1": top1,
+        "top1_unchanged": top1_same,
+        "detect_job_latency_s": latency,
+        "detect_pipeline_latency_s": latency_inside,
+        "detect_faces": faces,
         "machine": f"{platform.machine()} {os.cpu_count()} cpus, shared with other jobs (noisy)",
         "command": "python " + " ".join(sys.argv),
     }
@@ -194,15 +213,17 @@ def step_costs(files, ref_session, rounds: int) -> dict:
     pool = ThreadPoolExecutor(2)
 
     def two_at_once():
-        list(pool.map(lambda i: ours.run(None, {"pixels": u8[i:i + 16]}), range(0, n, 16)))
+        list(pool.map(lambda i: ours.run(None, {"pixels": u8[i : i + 16]}), range(0, n, 16)))
 
     steps = {
         "decode (taskrun load_image)": lambda: [load_image(f) for f in files],
         "resize 224 (PIL bilinear)": lambda: [resized(im, 224) for im in images],
         "scale to [-1, 1] + NCHW (numpy)": lambda: np.stack(
-            [(np.asarray(r, dtype=np.float32) / 127.5 - 1.0).transpose(2, 0, 1) for r in small]),
+            [(np.asarray(r, dtype=np.float32) / 127.5 - 1.0).transpose(2, 0, 1) for r in small]
+        ),
         "forward, onnxruntime reference (all threads)": lambda: [
-            ref_session.run(None, {"input": x32[i:i + 16]}) for i in range(0, n, 16)],
+            ref_session.run(None, {"input": x32[i : i + 16]}) for i in range(0, n, 16)
+        ],
         "forward, taskrun (2 batches x 1 thread)": two_at_once,
     }
     out = {}

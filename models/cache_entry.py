@@ -80,8 +80,7 @@ def write_manifest(folder: Path, source_digest: str) -> str:
         files[rel] = {"size": size, "sha256": digest, **({"sampled": _sampled(f, size)} if size > SMALL else {})}
         whole.update(f"{rel}\0{digest}\n".encode())
     digest = "sha256:" + whole.hexdigest()
-    (folder / MANIFEST).write_text(json.dumps({"source": source_digest, "digest": digest, "files": files},
-                                              indent=1))
+    (folder / MANIFEST).write_text(json.dumps({"source": source_digest, "digest": digest, "files": files}, indent=1))
     _mark_verified(folder)
     return digest
 
@@ -144,8 +143,11 @@ def digest_of(folder: Path) -> str | None:
 
 def warn_rebuilt(why: str) -> None:
     """The one line a damaged entry costs the user."""
-    print(f"warning: {why}; it is taskrun's own cache of a converted model, so it was removed and "
-          f"is being rebuilt", file=sys.stderr, flush=True)
+    print(
+        f"warning: {why}; it is taskrun's own cache of a converted model, so it was removed and is being rebuilt",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def temp_folder(target: Path) -> Path:
@@ -157,7 +159,7 @@ def temp_folder(target: Path) -> Path:
 def clean_stale(parent: Path, max_age_s: float = STALE_S) -> list[Path]:
     """Remove the temporary folders left in ``parent`` by conversions that did not finish: their
     process is gone, or they are older than ``max_age_s``. Returns what was removed."""
-    removed = []
+    removed: list[Path] = []
     try:
         entries = list(parent.iterdir())
     except OSError:
@@ -231,8 +233,10 @@ def build_once(target: Path, card, what: str, build: Callable[[Path], None]) -> 
     try:
         tmp = temp_folder(target)
     except OSError as exc:
-        raise CacheNotWritable(f"cannot convert {card.name}: taskrun's cache {target.parent} is not writable "
-                        f"({exc.strerror or exc}); set TASKRUN_CACHE_DIR to a writable folder") from None
+        raise CacheNotWritable(
+            f"cannot convert {card.name}: taskrun's cache {target.parent} is not writable "
+            f"({exc.strerror or exc}); set TASKRUN_CACHE_DIR to a writable folder"
+        ) from None
     try:
         build(tmp)
         write_manifest(tmp, card.digest)
@@ -242,8 +246,10 @@ def build_once(target: Path, card, what: str, build: Callable[[Path], None]) -> 
             if problem(target, card.digest) is not None:
                 raise
     except OSError as exc:
-        raise CacheNotWritable(f"cannot convert {card.name} into taskrun's cache {target.parent} "
-                        f"({exc.strerror or exc}); free some space or set TASKRUN_CACHE_DIR") from None
+        raise CacheNotWritable(
+            f"cannot convert {card.name} into taskrun's cache {target.parent} "
+            f"({exc.strerror or exc}); free some space or set TASKRUN_CACHE_DIR"
+        ) from None
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

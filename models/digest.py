@@ -27,9 +27,11 @@ _SKIP = {"README.md", ".gitattributes", "LICENSE", "LICENSE.txt"}
 def model_files(path: Path) -> list[Path]:
     if path.is_file():
         return [path]
-    return sorted(f for f in path.rglob("*")
-                  if f.is_file() and f.name not in _SKIP and "__pycache__" not in f.parts
-                  and not f.name.endswith((".py", ".pyc")))
+    return sorted(
+        f
+        for f in path.rglob("*")
+        if f.is_file() and f.name not in _SKIP and "__pycache__" not in f.parts and not f.name.endswith((".py", ".pyc"))
+    )
 
 
 def dir_size(path: Path) -> int:

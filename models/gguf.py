@@ -23,8 +23,22 @@ def gguf_file(card: ModelCard) -> Path | None:
     return None
 
 
-_GGUF_ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM",
-              "gemma": "GemmaForCausalLM", "phi3": "Phi3ForCausalLM", "gpt2": "GPT2LMHeadModel"}
+def gguf_path(card: ModelCard) -> Path:
+    """The GGUF file of a card that is one; a clear error for a card that is not."""
+    path = gguf_file(card)
+    if path is None:
+        raise TaskError(f"{card.name} is not a GGUF model ({card.path}); give a .gguf file or a folder holding one")
+    return path
+
+
+_GGUF_ARCH = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "gemma": "GemmaForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "gpt2": "GPT2LMHeadModel",
+}
 
 
 def gguf_architecture(path: Path) -> str:
@@ -34,8 +48,48 @@ def gguf_architecture(path: Path) -> str:
     return _GGUF_ARCH.get(arch, f"{arch}ForCausalLM")
 
 
-_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q",
-                 12: "<d"}
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+
+
+def _read(f, fmt):
+    size = struct.calcsize(fmt)
+    data = f.read(size)
+    if len(data) != size:
+        raise EOFError
+    return struct.unpack(fmt, data)[0]
+
+
+def _read_str(f):
+    return f.read(_read(f, "<Q")).decode("utf-8", "replace")
+
+
+def _skip_value(f, vtype):
+    if vtype in _GGUF_SCALARS:
+        f.seek(struct.calcsize(_GGUF_SCALARS[vtype]), 1)
+    elif vtype == 8:
+        f.seek(_read(f, "<Q"), 1)
+    elif vtype == 9:
+        etype, n = _read(f, "<I"), _read(f, "<Q")
+        if etype in _GGUF_SCALARS:
+            f.seek(n * struct.calcsize(_GGUF_SCALARS[etype]), 1)
+        else:
+            for _ in range(n):
+                _skip_value(f, etype)
+    else:
+        raise ValueError(f"unknown GGUF value type {vtype}")
+
+
+def _parameters(f, n_tensors: int) -> int:
+    """The parameter count, from the tensor table that follows the header (name, dims, type, offset)."""
+    total = 0
+    for _ in range(n_tensors):
+        _read_str(f)
+        n = 1
+        for _ in range(_read(f, "<I")):
+            n *= _read(f, "<Q")
+        f.seek(4 + 8, 1)
+        total += n
+    return total
 
 
 def gguf_metadata(path: Path, tensors: bool = False) -> dict:
@@ -45,56 +99,23 @@ def gguf_metadata(path: Path, tensors: bool = False) -> dict:
     header alone is a few KB and is all that resolution and `run fit` need. ``tensors=True`` also
     reads the tensor table and adds the parameter count as ``taskrun.parameters``.
     """
-    def read(f, fmt):
-        size = struct.calcsize(fmt)
-        data = f.read(size)
-        if len(data) != size:
-            raise EOFError
-        return struct.unpack(fmt, data)[0]
-
-    def read_str(f):
-        return f.read(read(f, "<Q")).decode("utf-8", "replace")
-
-    def skip_value(f, vtype):
-        if vtype in _GGUF_SCALARS:
-            f.seek(struct.calcsize(_GGUF_SCALARS[vtype]), 1)
-        elif vtype == 8:
-            f.seek(read(f, "<Q"), 1)
-        elif vtype == 9:
-            etype, n = read(f, "<I"), read(f, "<Q")
-            if etype in _GGUF_SCALARS:
-                f.seek(n * struct.calcsize(_GGUF_SCALARS[etype]), 1)
-            else:
-                for _ in range(n):
-                    skip_value(f, etype)
-        else:
-            raise ValueError(f"unknown GGUF value type {vtype}")
-
     out: dict = {}
     try:
         with open(path, "rb") as f:
             if f.read(4) != b"GGUF":
                 raise ValueError("no GGUF magic")
-            read(f, "<I")  # version
-            n_tensors = read(f, "<Q")
-            for _ in range(read(f, "<Q")):
-                key, vtype = read_str(f), read(f, "<I")
+            _read(f, "<I")  # version
+            n_tensors = _read(f, "<Q")
+            for _ in range(_read(f, "<Q")):
+                key, vtype = _read_str(f), _read(f, "<I")
                 if vtype in _GGUF_SCALARS:
-                    out[key] = read(f, _GGUF_SCALARS[vtype])
+                    out[key] = _read(f, _GGUF_SCALARS[vtype])
                 elif vtype == 8:
-                    out[key] = read_str(f)
+                    out[key] = _read_str(f)
                 else:
-                    skip_value(f, vtype)
-            if tensors:  # the tensor table follows: name, dims, type, offset for each
-                total = 0
-                for _ in range(n_tensors):
-                    read_str(f)
-                    n = 1
-                    for _ in range(read(f, "<I")):
-                        n *= read(f, "<Q")
-                    f.seek(4 + 8, 1)
-                    total += n
-                out["taskrun.parameters"] = total
+                    _skip_value(f, vtype)
+            if tensors:
+                out["taskrun.parameters"] = _parameters(f, n_tensors)
     except (OSError, EOFError, ValueError, struct.error) as exc:
         raise TaskError(f"{path} is not a readable GGUF file ({exc or 'truncated'}); re-download it") from None
     return out

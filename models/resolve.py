@@ -86,13 +86,16 @@ ARCH_RULES: list[ArchRule] = [
     ArchRule(r"ForSequenceClassification$", ("classify",), "text-classification", ("transformers",)),
     ArchRule(r"ForImageClassification$", ("classify",), "image-classification", ("transformers",)),
     ArchRule(r"ForObjectDetection$", ("detect",), "object-detection", ("transformers",)),
-    ArchRule(r"^(Bert|MPNet|XLMRoberta|Roberta|DistilBert|NomicBert|E5|Electra)Model$|SentenceTransformer",
-             ("embed", "search", "classify"), "sentence-embedding", ("transformers",)),
+    ArchRule(
+        r"^(Bert|MPNet|XLMRoberta|Roberta|DistilBert|NomicBert|E5|Electra)Model$|SentenceTransformer",
+        ("embed", "search", "classify"),
+        "sentence-embedding",
+        ("transformers",),
+    ),
     ArchRule(r"ForCausalLM$|LMHeadModel$", ("generate", "summarize"), "text-generation", ("transformers",)),
     # A CTranslate2 Whisper folder runs on faster-whisper, or on transformers after a one-time conversion.
     ArchRule(r"^WhisperCT2$", ("transcribe",), "speech-recognition", ("ctranslate2", "transformers")),
-    ArchRule(r"^WhisperForConditionalGeneration$|ForCTC$", ("transcribe",), "speech-recognition",
-             ("transformers",)),
+    ArchRule(r"^WhisperForConditionalGeneration$|ForCTC$", ("transcribe",), "speech-recognition", ("transformers",)),
     # diffusers folders: model_index.json names the pipeline class (StableDiffusionPipeline,
     # DDPMPipeline, …); a bare UNet2DModel folder is a pixel-space diffusion model.
     ArchRule(r"Pipeline$|^UNet2DModel$", ("image",), "image-generation", ("diffusers",)),
@@ -120,14 +123,19 @@ def read_architecture(path: Path, entry: dict) -> str:
             try:
                 cfg = json.loads(f.read_text())
             except (OSError, json.JSONDecodeError) as exc:
-                raise TaskError(f"{f} is not valid JSON ({exc}); the model folder looks corrupt: "
-                                f"re-download or re-install it") from None
+                raise TaskError(
+                    f"{f} is not valid JSON ({exc}); the model folder looks corrupt: re-download or re-install it"
+                ) from None
             if cfg.get("_class_name"):
                 return cfg["_class_name"]
             if cfg.get("architectures"):
                 return cfg["architectures"][0]
-            if (path / "model.bin").exists() and (path / "vocabulary.txt").exists() or \
-                    (path / "model.bin").exists() and "alignment_heads" in cfg:
+            if (
+                (path / "model.bin").exists()
+                and (path / "vocabulary.txt").exists()
+                or (path / "model.bin").exists()
+                and "alignment_heads" in cfg
+            ):
                 return "WhisperCT2"
             if cfg.get("model_type"):
                 return cfg["model_type"]
@@ -136,9 +144,11 @@ def read_architecture(path: Path, entry: dict) -> str:
         return gguf_architecture(ggufs[0])
     if (path / "model.bin").exists():
         return "WhisperCT2"
-    raise TaskError(f"{path} has no config.json or model_index.json; taskrun cannot tell what "
-                    f"model it is. Point --model at a Hugging Face or diffusers folder, a GGUF "
-                    f"file or a CTranslate2 folder")
+    raise TaskError(
+        f"{path} has no config.json or model_index.json; taskrun cannot tell what "
+        f"model it is. Point --model at a Hugging Face or diffusers folder, a GGUF "
+        f"file or a CTranslate2 folder"
+    )
 
 
 # --------------------------------------------------------------------------- sources
@@ -198,8 +208,11 @@ def _joined(entry: dict, name: str) -> Path | None:
 
 
 def is_offline(offline: bool = False) -> bool:
-    return offline or os.environ.get("HF_HUB_OFFLINE", "") in ("1", "true", "True") \
+    return (
+        offline
+        or os.environ.get("HF_HUB_OFFLINE", "") in ("1", "true", "True")
         or os.environ.get("TASKRUN_OFFLINE", "") in ("1", "true")
+    )
 
 
 def _hub_path(repo: str, revision: str | None, offline: bool) -> Path:
@@ -209,15 +222,18 @@ def _hub_path(repo: str, revision: str | None, offline: bool) -> Path:
         raise TaskError("hub models need huggingface_hub: pip install huggingface_hub") from None
     where = f"{repo}@{revision}" if revision else repo
     try:
-        return Path(snapshot_download(repo, revision=revision, local_files_only=is_offline(offline),
-                                      etag_timeout=5))
+        return Path(snapshot_download(repo, revision=revision, local_files_only=is_offline(offline), etag_timeout=5))
     except Exception as exc:  # the hub raises many kinds; all mean the same to the user
         if is_offline(offline):
-            raise TaskError(f"{where} is not in the local Hugging Face cache and offline mode forbids "
-                            f"downloading; download it where there is network (`hf download {repo}`) "
-                            f"or point --model at a local folder") from None
-        raise TaskError(f"could not fetch {where} from the hub ({type(exc).__name__}); check the "
-                        f"network, or point --model at a local folder, or use --offline") from None
+            raise TaskError(
+                f"{where} is not in the local Hugging Face cache and offline mode forbids "
+                f"downloading; download it where there is network (`hf download {repo}`) "
+                f"or point --model at a local folder"
+            ) from None
+        raise TaskError(
+            f"could not fetch {where} from the hub ({type(exc).__name__}); check the "
+            f"network, or point --model at a local folder, or use --offline"
+        ) from None
 
 
 def locate(name: str, offline: bool = False) -> tuple[Path, dict, str]:
@@ -231,8 +247,11 @@ def locate(name: str, offline: bool = False) -> tuple[Path, dict, str]:
         p = _package_path(entry)
         if p is not None and p.exists():
             target = p / entry["file"] if entry.get("file") else p
-            where = f"package {entry['pip']}" if entry.get("pip") else \
-                f"bundled with taskrun ({entry['package']}/{entry.get('path', '')})"
+            where = (
+                f"package {entry['pip']}"
+                if entry.get("pip")
+                else f"bundled with taskrun ({entry['package']}/{entry.get('path', '')})"
+            )
             return target, entry, where
         if entry.get("local"):
             p = Path(entry["local"])
@@ -242,10 +261,15 @@ def locate(name: str, offline: bool = False) -> tuple[Path, dict, str]:
                 return p, entry, "local folder"
         if entry.get("hub"):
             if is_offline(offline) and entry.get("pip"):
-                raise TaskError(f"`{name}` is not installed here; install it with "
-                                f"`pip install {entry['pip']}` (offline mode forbids the hub)")
-            return _hub_path(entry["hub"], entry.get("revision"), offline), entry, \
-                f"hub {entry['hub']}@{entry.get('revision', 'main')}"
+                raise TaskError(
+                    f"`{name}` is not installed here; install it with "
+                    f"`pip install {entry['pip']}` (offline mode forbids the hub)"
+                )
+            return (
+                _hub_path(entry["hub"], entry.get("revision"), offline),
+                entry,
+                f"hub {entry['hub']}@{entry.get('revision', 'main')}",
+            )
         hint = f"`pip install {entry['pip']}`" if entry.get("pip") else "see configs/models.toml"
         raise TaskError(f"`{name}` is not available here; install it with {hint}")
     p = Path(name).expanduser()
@@ -255,8 +279,7 @@ def locate(name: str, offline: bool = False) -> tuple[Path, dict, str]:
         repo, _, rev = name.partition("@")
         return _hub_path(repo, rev or None, offline), {}, f"hub {name}"
     known = ", ".join(aliases())
-    raise TaskError(f"no model named '{name}': not an alias ({known}), not an existing path, "
-                    f"not a hub id (org/name)")
+    raise TaskError(f"no model named '{name}': not an alias ({known}), not an existing path, not a hub id (org/name)")
 
 
 def weights_format(path: Path, architecture: str) -> str:
@@ -268,8 +291,13 @@ def weights_format(path: Path, architecture: str) -> str:
         return "ct2"
     files = [path] if path.is_file() else [f for f in path.rglob("*") if f.is_file()]
     suffixes = {f.suffix for f in files}
-    for suffix, fmt in ((".gguf", "gguf"), (".safetensors", "safetensors"), (".bin", "bin"),
-                        (".pth", "pth"), (".pt", "pth")):
+    for suffix, fmt in (
+        (".gguf", "gguf"),
+        (".safetensors", "safetensors"),
+        (".bin", "bin"),
+        (".pth", "pth"),
+        (".pt", "pth"),
+    ):
         if suffix in suffixes:
             return fmt
     return "unknown"
@@ -287,10 +315,20 @@ def resolve(name: str, offline: bool = False) -> ModelCard:
     if not entry.get("runtimes"):
         runtimes = gguf_runtimes(runtimes, fmt, kind)
     runtime = entry.get("runtime") or runtimes[0]
-    return ModelCard(name=name, path=str(path), architecture=arch, tasks=tasks, runtime=runtime,
-                     runtimes=runtimes, size_bytes=dir_size(path), digest=digest_path(path, cache_dir()),
-                     source=source, kind=kind, extra=dict(entry.get("settings", {})),
-                     format=fmt)
+    return ModelCard(
+        name=name,
+        path=str(path),
+        architecture=arch,
+        tasks=tasks,
+        runtime=runtime,
+        runtimes=runtimes,
+        size_bytes=dir_size(path),
+        digest=digest_path(path, cache_dir()),
+        source=source,
+        kind=kind,
+        extra=dict(entry.get("settings", {})),
+        format=fmt,
+    )
 
 
 def gguf_runtimes(runtimes: tuple[str, ...], fmt: str, kind: str) -> tuple[str, ...]:
@@ -308,15 +346,27 @@ def list_models(offline: bool = True) -> list[dict]:
     rows = []
     defaults = load_config().get("defaults", {})
     for name, entry in aliases().items():
-        row = {"name": name, "description": entry.get("description", ""),
-               "default_for": [t for t, m in defaults.items() if m == name]}
+        row = {
+            "name": name,
+            "description": entry.get("description", ""),
+            "default_for": [t for t, m in defaults.items() if m == name],
+        }
         try:
             card = resolve(name, offline=offline)
         except TaskError as exc:
             row.update(available=False, why=str(exc))
         else:
-            row.update(available=True, path=card.path, size_bytes=card.size_bytes, digest=card.digest,
-                       runtime=card.runtime, runtimes=list(card.runtimes), tasks=list(card.tasks),
-                       architecture=card.architecture, source=card.source, format=card.format)
+            row.update(
+                available=True,
+                path=card.path,
+                size_bytes=card.size_bytes,
+                digest=card.digest,
+                runtime=card.runtime,
+                runtimes=list(card.runtimes),
+                tasks=list(card.tasks),
+                architecture=card.architecture,
+                source=card.source,
+                format=card.format,
+            )
         rows.append(row)
     return rows

@@ -9,10 +9,22 @@ from taskrun.tasks.base import TaskError
 # Decimal units (KB, MB, GB, TB) are powers of 1000, as disk and RAM vendors and `ls -h --si`
 # use them; binary ones (KiB…) and the bare letters (k, m, g, t, as docker --memory and ulimit
 # take them) are powers of 1024.
-_UNITS = {"": 1, "b": 1,
-          "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "tb": 10 ** 12,
-          "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30, "tib": 2 ** 40,
-          "k": 2 ** 10, "m": 2 ** 20, "g": 2 ** 30, "t": 2 ** 40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+    "k": 2**10,
+    "m": 2**20,
+    "g": 2**30,
+    "t": 2**40,
+}
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?|\.\d+)\s*([a-zA-Z]*)\s*")
 
 
@@ -35,7 +47,7 @@ def parse_size(text: str | int, what: str = "size") -> int:
 
 def format_size(n: int | float) -> str:
     """A byte count for people: 1.2 GB, 87.3 MB, 512 B (decimal units, as parse_size reads them)."""
-    for unit, scale in (("TB", 10 ** 12), ("GB", 10 ** 9), ("MB", 10 ** 6), ("KB", 10 ** 3)):
+    for unit, scale in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
         if abs(n) >= scale:
             return f"{n / scale:.1f} {unit}"
     return f"{int(n)} B"

@@ -16,11 +16,12 @@ import importlib
 import os
 import sys
 import threading
-import types
 import time
+import types
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from taskrun.tasks.base import ModelCard, TaskError
 
@@ -29,8 +30,18 @@ from taskrun.tasks.base import ModelCard, TaskError
 # in the user's home that taskrun never announced. Set ORT_DISABLE_TELEMETRY=0 to allow it.
 os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 
-__all__ = ["RUNTIMES", "Runtime", "cache_info", "cached_model", "clear_cache", "load_pipeline", "load_symbol",
-           "memory_budget", "runtimes_for", "set_memory_budget"]
+__all__ = [
+    "RUNTIMES",
+    "Runtime",
+    "cache_info",
+    "cached_model",
+    "clear_cache",
+    "load_pipeline",
+    "load_symbol",
+    "memory_budget",
+    "runtimes_for",
+    "set_memory_budget",
+]
 
 
 @dataclass(frozen=True)
@@ -44,40 +55,45 @@ class Runtime:
 _P = "taskrun.pipelines."
 
 RUNTIMES: dict[tuple[str, str], Runtime] = {
-    ("embed", "transformers"): Runtime(_P + "text.embed:EmbedPipeline",
-                                       engine=_P + "text.hf_encoder:HFTextEncoder"),
-    ("search", "transformers"): Runtime(_P + "text.search:SearchPipeline",
-                                        engine=_P + "text.hf_encoder:HFTextEncoder"),
-    ("classify", "transformers"): Runtime(_P + "text.classify:ClassifyPipeline",
-                                          engine=_P + "text.hf_encoder:HFTextEncoder"),
+    ("embed", "transformers"): Runtime(_P + "text.embed:EmbedPipeline", engine=_P + "text.hf_encoder:HFTextEncoder"),
+    ("search", "transformers"): Runtime(_P + "text.search:SearchPipeline", engine=_P + "text.hf_encoder:HFTextEncoder"),
+    ("classify", "transformers"): Runtime(
+        _P + "text.classify:ClassifyPipeline", engine=_P + "text.hf_encoder:HFTextEncoder"
+    ),
     # Sentence encoders exported once to ONNX (pipelines/text/onnx_export.py): the default on a CPU
     # without bf16 units, where it runs 1.4x transformers float32 (pipelines/text/encoder.py: auto_runtime).
-    ("embed", "onnxruntime"): Runtime(_P + "text.embed:EmbedPipeline",
-                                      engine=_P + "text.ort_encoder:OrtTextEncoder"),
-    ("search", "onnxruntime"): Runtime(_P + "text.search:SearchPipeline",
-                                       engine=_P + "text.ort_encoder:OrtTextEncoder"),
+    ("embed", "onnxruntime"): Runtime(_P + "text.embed:EmbedPipeline", engine=_P + "text.ort_encoder:OrtTextEncoder"),
+    ("search", "onnxruntime"): Runtime(
+        _P + "text.search:SearchPipeline", engine=_P + "text.ort_encoder:OrtTextEncoder"
+    ),
     ("classify", "torch"): Runtime(_P + "vision.efficientnet:EfficientNetPipeline"),
     # an image EfficientNet's ONNX export, or zero-shot text on a sentence encoder's (text.classify)
-    ("classify", "onnxruntime"): Runtime(_P + "text.classify:OrtClassifyPipeline",
-                                         engine=_P + "text.ort_encoder:OrtTextEncoder"),
+    ("classify", "onnxruntime"): Runtime(
+        _P + "text.classify:OrtClassifyPipeline", engine=_P + "text.ort_encoder:OrtTextEncoder"
+    ),
     ("detect", "torch"): Runtime(_P + "vision.faces:FacePipeline"),
     ("detect", "transformers"): Runtime(_P + "vision.hf_detect:DetectPipeline"),
-    ("transcribe", "ctranslate2"): Runtime(_P + "speech.transcribe:TranscribePipeline",
-                                           engine=_P + "speech.ct2_engine:CT2WhisperEngine"),
-    ("transcribe", "transformers"): Runtime(_P + "speech.transcribe:TranscribePipeline",
-                                            engine=_P + "speech.hf_engine:HFSpeechEngine"),
-    ("generate", "transformers"): Runtime(_P + "llm.generate:GeneratePipeline",
-                                          engine=_P + "llm.hf_engine:TransformersLLM"),
-    ("summarize", "transformers"): Runtime(_P + "llm.summarize:SummarizePipeline",
-                                           engine=_P + "llm.hf_engine:TransformersLLM"),
+    ("transcribe", "ctranslate2"): Runtime(
+        _P + "speech.transcribe:TranscribePipeline", engine=_P + "speech.ct2_engine:CT2WhisperEngine"
+    ),
+    ("transcribe", "transformers"): Runtime(
+        _P + "speech.transcribe:TranscribePipeline", engine=_P + "speech.hf_engine:HFSpeechEngine"
+    ),
+    ("generate", "transformers"): Runtime(
+        _P + "llm.generate:GeneratePipeline", engine=_P + "llm.hf_engine:TransformersLLM"
+    ),
+    ("summarize", "transformers"): Runtime(
+        _P + "llm.summarize:SummarizePipeline", engine=_P + "llm.hf_engine:TransformersLLM"
+    ),
     # GGUF language models, their quantised weights read as stored (pipelines/llm/llamacpp.py);
     # the default runtime for a GGUF where llama-cpp-python is installed (models/resolve.py).
-    ("generate", "llama.cpp"): Runtime(_P + "llm.generate:GeneratePipeline",
-                                       engine=_P + "llm.llamacpp:LlamaCppEngine"),
-    ("summarize", "llama.cpp"): Runtime(_P + "llm.summarize:SummarizePipeline",
-                                        engine=_P + "llm.llamacpp:LlamaCppEngine"),
+    ("generate", "llama.cpp"): Runtime(_P + "llm.generate:GeneratePipeline", engine=_P + "llm.llamacpp:LlamaCppEngine"),
+    ("summarize", "llama.cpp"): Runtime(
+        _P + "llm.summarize:SummarizePipeline", engine=_P + "llm.llamacpp:LlamaCppEngine"
+    ),
     ("image", "diffusers"): Runtime(_P + "diffusion.image:DiffusionPipeline"),
 }
+
 
 def runtimes_for(task: str) -> list[str]:
     return [rt for (t, rt) in RUNTIMES if t == task]
@@ -91,8 +107,9 @@ def load_symbol(spec: str) -> Any:
     except ModuleNotFoundError as exc:
         if exc.name and module_name.startswith(exc.name):  # the module itself: a wrong table row
             raise
-        raise TaskError(f"{spec.split(':')[-1]} needs the Python package `{exc.name}`: "
-                        f"pip install {exc.name}") from None
+        raise TaskError(
+            f"{spec.split(':')[-1]} needs the Python package `{exc.name}`: pip install {exc.name}"
+        ) from None
     return getattr(module, attr)
 
 
@@ -102,8 +119,9 @@ def load_pipeline(task: str, card: ModelCard, runtime: str, device: str, dtype: 
     if row is None:
         raise TaskError(f"{task} has no {runtime} runtime; it runs on: {', '.join(runtimes_for(task))}")
     if runtime not in card.runtimes:
-        raise TaskError(f"`{card.name}` runs on {', '.join(card.runtimes)}, not {runtime}; "
-                        f"pick one of those with --runtime")
+        raise TaskError(
+            f"`{card.name}` runs on {', '.join(card.runtimes)}, not {runtime}; pick one of those with --runtime"
+        )
     cls = load_symbol(row.pipeline)
     if row.engine is None:
         return cls(card, device=device, dtype=dtype)
@@ -159,8 +177,7 @@ _LOADING: dict[Key, threading.Lock] = {}  # one lock per key being loaded
 _BUDGET: list[int | None] = [None]  # bytes; None: no limit
 
 
-def cached_model(card: ModelCard, runtime: str, device: str, dtype: str, role: str,
-                 factory: Callable[[], Any]) -> Any:
+def cached_model(card: ModelCard, runtime: str, device: str, dtype: str, role: str, factory: Callable[[], Any]) -> Any:
     """Load once per (model, runtime, device, dtype, role); ``role`` separates e.g. a model and its
     tokenizer, or two heads of one checkpoint. Each use marks the entry most recently used."""
     key = (card.digest, card.path, runtime, device, dtype, role)
@@ -311,9 +328,19 @@ def cache_info() -> list[dict]:
     (as counted against the budget) and last_used (Unix time)."""
     with _LOCK:
         sizes = entry_bytes()
-        return [{"model": e.card.name, "digest": e.card.digest, "runtime": e.runtime, "device": e.device,
-                 "dtype": e.dtype, "role": e.role, "bytes": sizes[k], "last_used": e.last_used}
-                for k, e in _MODELS.items()]
+        return [
+            {
+                "model": e.card.name,
+                "digest": e.card.digest,
+                "runtime": e.runtime,
+                "device": e.device,
+                "dtype": e.dtype,
+                "role": e.role,
+                "bytes": sizes[k],
+                "last_used": e.last_used,
+            }
+            for k, e in _MODELS.items()
+        ]
 
 
 def clear_cache() -> None:

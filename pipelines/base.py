@@ -7,7 +7,8 @@ with ``Done(metrics)``. The runner owns inference mode, timing of the load and t
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from taskrun.pipelines.device import resolve_device
 from taskrun.tasks.base import Input, ModelCard

@@ -13,7 +13,6 @@ from contextlib import contextmanager
 
 from taskrun.tasks.base import TaskError
 
-
 _CONFIGURED = False
 
 

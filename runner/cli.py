@@ -50,8 +50,7 @@ class TaskRunGroup(click.Group):
     """Lists task commands first; builds each command only when it is asked for."""
 
     def list_commands(self, ctx):
-        return list(REGISTRY) + [c for c in EXTRA_COMMANDS if c not in REGISTRY] + \
-            sorted(super().list_commands(ctx))
+        return list(REGISTRY) + [c for c in EXTRA_COMMANDS if c not in REGISTRY] + sorted(super().list_commands(ctx))
 
     def get_command(self, ctx, name):
         if name in REGISTRY:
@@ -88,8 +87,9 @@ class TaskRunGroup(click.Group):
         except Exception as exc:
             if debug():
                 raise
-            raise click.ClickException(f"internal error: {type(exc).__name__}: {exc} "
-                                       f"(set TASKRUN_DEBUG=1 to see the traceback)") from None
+            raise click.ClickException(
+                f"internal error: {type(exc).__name__}: {exc} (set TASKRUN_DEBUG=1 to see the traceback)"
+            ) from None
 
 
 def _log_usage_failure(task: str, message: str) -> None:
@@ -101,8 +101,15 @@ def _log_usage_failure(task: str, message: str) -> None:
     try:
         log = RunLog()
         if log.problem is None:  # the usage error is what the user must see: no warning beside it
-            log.append({"id": new_id(), "task": task, "status": "failed", "error": message,
-                        "started_at": datetime.now(timezone.utc).isoformat(timespec="milliseconds")})
+            log.append(
+                {
+                    "id": new_id(),
+                    "task": task,
+                    "status": "failed",
+                    "error": message,
+                    "started_at": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+                }
+            )
     except Exception:  # never mask the usage error
         pass
 
@@ -115,11 +122,14 @@ def _no_log_text(ctx: click.Context, param, value: bool) -> None:
 
     def restore() -> None:
         runlog.text_override = previous
+
     ctx.find_root().call_on_close(restore)
 
 
-NO_LOG_TEXT_HELP = ("Keep no prompts, answers or transcripts in the run log, only metrics and digests "
-                    "[env TASKRUN_LOG_TEXT=0; config: [log] text = false].")
+NO_LOG_TEXT_HELP = (
+    "Keep no prompts, answers or transcripts in the run log, only metrics and digests "
+    "[env TASKRUN_LOG_TEXT=0; config: [log] text = false]."
+)
 
 
 @click.group(cls=TaskRunGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -172,49 +182,154 @@ def _option_params(options_cls: type) -> list[click.Parameter]:
                 flags = [f"--{name}/--no-{name}"]
             params.append(click.Option(flags + [f.name], default=f.default, help=help_, show_default=True))
         elif meta.get("multiple"):
-            params.append(click.Option(flags + [f.name], multiple=True, type=kind, default=f.default,
-                                       help=help_, metavar=meta.get("metavar")))
+            params.append(
+                click.Option(
+                    flags + [f.name],
+                    multiple=True,
+                    type=kind,
+                    default=f.default,
+                    help=help_,
+                    metavar=meta.get("metavar"),
+                )
+            )
         else:
-            params.append(click.Option(flags + [f.name], type=kind, default=f.default, help=help_,
-                                       show_default=f.default is not None, metavar=meta.get("metavar")))
+            params.append(
+                click.Option(
+                    flags + [f.name],
+                    type=kind,
+                    default=f.default,
+                    help=help_,
+                    show_default=f.default is not None,
+                    metavar=meta.get("metavar"),
+                )
+            )
     return params
 
 
 def _common_params(task: Task) -> list[click.Parameter]:
-    fmt_help = f"Output format: {', '.join(task.formats)}."
+    return _model_params(task) + _output_params(task) + _server_params() + _then_params(task)
+
+
+def _model_params(task: Task) -> list[click.Parameter]:
+    """Where the inputs come from, and which model runs them where."""
     return [
-        click.Option(["-f", "--file", "files"], multiple=True, type=click.Path(exists=True, dir_okay=True),
-                     help="Read inputs from a file ("
-                          + ("one per line" if task.text_file == "lines" else "its whole text")
-                          + " for text) or a folder. Repeatable."),
-        click.Option(["-m", "--model"], help="Model alias (see `run models`), local folder or file, "
-                                            "or hub id org/name[@revision]. Default: the task's default."),
+        click.Option(
+            ["-f", "--file", "files"],
+            multiple=True,
+            type=click.Path(exists=True, dir_okay=True),
+            help="Read inputs from a file ("
+            + ("one per line" if task.text_file == "lines" else "its whole text")
+            + " for text) or a folder. Repeatable.",
+        ),
+        click.Option(
+            ["-m", "--model"],
+            help="Model alias (see `run models`), local folder or file, "
+            "or hub id org/name[@revision]. Default: the task's default.",
+        ),
         click.Option(["--runtime"], help="Runtime to run the model on (default: the model's)."),
         click.Option(["--device"], default="auto", show_default=True, help="auto, cpu, cuda, cuda:N, mps."),
-        click.Option(["--dtype"], default="auto", show_default=True,
-                     type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
-                     help="Weights/compute dtype; auto picks the fastest that keeps accuracy."),
+        click.Option(
+            ["--dtype"],
+            default="auto",
+            show_default=True,
+            type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+            help="Weights/compute dtype; auto picks the fastest that keeps accuracy.",
+        ),
+        click.Option(["--offline"], is_flag=True, help="Never reach the network for models."),
+    ]
+
+
+def _output_params(task: Task) -> list[click.Parameter]:
+    """What the job prints and writes, and what the run log keeps."""
+    fmt_help = f"Output format: {', '.join(task.formats)}."
+    return [
         click.Option(["--json", "json_mode"], is_flag=True, help="One JSON object for the job on stdout."),
         click.Option(["--format", "fmt"], type=click.Choice(task.formats), default=None, help=fmt_help),
-        click.Option(["-o", "--output"], type=click.Path(dir_okay=False),
-                     help="Write the result to this file (written whole, or not at all)."),
-        click.Option(["--offline"], is_flag=True, help="Never reach the network for models."),
-        click.Option(["--log-db"], type=click.Path(dir_okay=False), envvar="TASKRUN_LOG_DB",
-                     help="Run log SQLite file [env TASKRUN_LOG_DB]."),
+        click.Option(
+            ["-o", "--output"],
+            type=click.Path(dir_okay=False),
+            help="Write the result to this file (written whole, or not at all).",
+        ),
+        click.Option(
+            ["--log-db"],
+            type=click.Path(dir_okay=False),
+            envvar="TASKRUN_LOG_DB",
+            help="Run log SQLite file [env TASKRUN_LOG_DB].",
+        ),
         click.Option(["-q", "--quiet"], is_flag=True, help="No progress or metrics on stderr."),
-        click.Option(["--no-log-text"], is_flag=True, expose_value=False, callback=_no_log_text,
-                     help=NO_LOG_TEXT_HELP),
-        click.Option(["--server"], envvar="TASKRUN_SERVER", metavar="URL",
-                     help="Run the job on a warm `run serve` at URL (e.g. http://127.0.0.1:8080); the "
-                          "output is a local run's. Inputs are read here and sent; the server logs the "
-                          "job. --then chains still run here [env TASKRUN_SERVER]."),
-        click.Option(["--api-key"], envvar="TASKRUN_API_KEY", metavar="KEY",
-                     help="The key of a server started with --api-key [env TASKRUN_API_KEY]."),
-    ] + ([click.Option(["--then", "then"], multiple=True, metavar="TASK",
-                       help=f"Hand this job's {task.produces} to another task: --then summarize, or "
-                            f"--then summarize=MODEL; "
-                            f"each stage is logged and measured separately. Repeatable.")]
-         if task.produces else [])
+        click.Option(["--no-log-text"], is_flag=True, expose_value=False, callback=_no_log_text, help=NO_LOG_TEXT_HELP),
+    ]
+
+
+def _server_params() -> list[click.Parameter]:
+    """The job run on a warm `run serve` instead of here."""
+    return [
+        click.Option(
+            ["--server"],
+            envvar="TASKRUN_SERVER",
+            metavar="URL",
+            help="Run the job on a warm `run serve` at URL (e.g. http://127.0.0.1:8080); the "
+            "output is a local run's. Inputs are read here and sent; the server logs the "
+            "job. --then chains still run here [env TASKRUN_SERVER].",
+        ),
+        click.Option(
+            ["--api-key"],
+            envvar="TASKRUN_API_KEY",
+            metavar="KEY",
+            help="The key of a server started with --api-key [env TASKRUN_API_KEY].",
+        ),
+    ]
+
+
+def _then_params(task: Task) -> list[click.Parameter]:
+    """--then: hand the job's text to the next task (a two-stage chain)."""
+    return (
+        [
+            click.Option(
+                ["--then", "then"],
+                multiple=True,
+                metavar="TASK",
+                help=f"Hand this job's {task.produces} to another task: --then summarize, or "
+                f"--then summarize=MODEL; "
+                f"each stage is logged and measured separately. Repeatable.",
+            )
+        ]
+        if task.produces
+        else []
+    )
+
+
+# The options every task command takes (_common_params), and which of them each way of running reads.
+_COMMON = (
+    "files",
+    "model",
+    "runtime",
+    "device",
+    "dtype",
+    "json_mode",
+    "fmt",
+    "output",
+    "offline",
+    "log_db",
+    "quiet",
+    "server",
+    "api_key",
+)
+_REMOTE = ("server", "api_key", "files", "model", "runtime", "device", "dtype", "json_mode", "fmt", "output", "quiet")
+_LOCAL = (
+    "files",
+    "model",
+    "runtime",
+    "device",
+    "dtype",
+    "json_mode",
+    "fmt",
+    "output",
+    "offline",
+    "log_db",
+    "quiet",
+    "server",
+)
 
 
 def task_command(task: Task) -> click.Command:
@@ -224,27 +339,26 @@ def task_command(task: Task) -> click.Command:
     if extra:
         params += extra()
 
-    def callback(inputs, files, model, runtime, device, dtype, json_mode, fmt, output, offline, log_db,
-                 quiet, server, api_key, **kw):
+    def callback(inputs, **kw):
+        common = {k: kw.pop(k) for k in _COMMON}
         handled = {p.name for p in (extra() if extra else [])} | {"then"}
         extras = {k: kw.pop(k) for k in list(kw) if k in handled}
-        values = {k: v for k, v in kw.items()}
-        if server and not extras.get("then"):  # imports neither torch nor the chain engine: starts fast
+        values = dict(kw)  # the task's own options
+        if common["server"] and not extras.get("then"):  # imports neither torch nor the chain engine: starts fast
             from taskrun.runner.remote.client import execute_remote
 
-            return execute_remote(task, server=server, api_key=api_key, inputs=inputs, files=files,
-                                  values=values, model=model, runtime=runtime, device=device, dtype=dtype,
-                                  json_mode=json_mode, fmt=fmt, output=output, quiet=quiet)
+            return execute_remote(task, inputs=inputs, values=values, **{k: common[k] for k in _REMOTE})
         from taskrun.runner.commands.task import execute
 
-        return execute(task, inputs=inputs, files=files, values=values, model=model, runtime=runtime,
-                       device=device, dtype=dtype, json_mode=json_mode, fmt=fmt, output=output,
-                       offline=offline, log_db=log_db, quiet=quiet, extras=extras, server=server)
+        return execute(task, inputs=inputs, values=values, extras=extras, **{k: common[k] for k in _LOCAL})
 
-    arg_help = f"\n\nInputs: {task.takes}.\n\nReturns: {task.returns}.\n\n" \
-               f"Measures: {', '.join(f.name for f in dataclasses.fields(task.Metrics))}."
-    return click.Command(task.name, params=params, callback=callback, help=task.summary + arg_help,
-                         short_help=task.summary)
+    arg_help = (
+        f"\n\nInputs: {task.takes}.\n\nReturns: {task.returns}.\n\n"
+        f"Measures: {', '.join(f.name for f in dataclasses.fields(task.Metrics))}."
+    )
+    return click.Command(
+        task.name, params=params, callback=callback, help=task.summary + arg_help, short_help=task.summary
+    )
 
 
 __all__ = ["main"]

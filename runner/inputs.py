@@ -33,8 +33,11 @@ def gather_inputs(task: Task, args: tuple[str, ...], files: tuple[str, ...]) -> 
             if not takes_text:
                 raise TaskError(f"{task.name} takes {task.takes}, not text on stdin; name the files")
             if task.text_file == "lines":
-                out += [Input(source=f"stdin:{n}", kind="text", text=line.strip())
-                        for n, line in enumerate(data.splitlines(), 1) if line.strip()]
+                out += [
+                    Input(source=f"stdin:{n}", kind="text", text=line.strip())
+                    for n, line in enumerate(data.splitlines(), 1)
+                    if line.strip()
+                ]
             else:
                 out.append(text_input(data, "stdin"))
     return out
@@ -50,8 +53,10 @@ def read_stdin() -> str:
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise TaskError(f"stdin is not UTF-8 text (byte {exc.start}: {data[exc.start:exc.start + 1]!r}); "
-                        f"convert it first, e.g. `iconv -f latin1 -t utf-8`") from None
+        raise TaskError(
+            f"stdin is not UTF-8 text (byte {exc.start}: {data[exc.start : exc.start + 1]!r}); "
+            f"convert it first, e.g. `iconv -f latin1 -t utf-8`"
+        ) from None
 
 
 def _path_inputs(task: Task, p: Path) -> list[Input]:
@@ -80,8 +85,9 @@ def folder_inputs(folder: Path, kinds: tuple[str, ...]) -> list[Input]:
     def failed(f: Path, why: str) -> None:
         out.append(Input(source=str(f), kind="unreadable", text=f"{f}: cannot read it ({why})", path=str(f)))
 
-    for top, dirs, names in os.walk(folder, onerror=lambda exc: failed(Path(exc.filename or folder),
-                                                                       exc.strerror or str(exc))):
+    for top, dirs, names in os.walk(
+        folder, onerror=lambda exc: failed(Path(exc.filename or folder), exc.strerror or str(exc))
+    ):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in sorted(n for n in names if not n.startswith(".")):
             f = Path(top) / name

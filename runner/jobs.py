@@ -9,16 +9,17 @@ resolution plus reading weights (close to 0 when the model is cached in-process)
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import resource
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
+from taskrun.runner.runlog.rows import job_texts, log_row, start_row
 from taskrun.runner.signals import Terminated
 from taskrun.tasks import events as ev
 from taskrun.tasks.base import Input, ModelCard, Task, TaskError, to_jsonable
@@ -66,8 +67,11 @@ class JobRecord:
         return 0 if getattr(self.options, "allow_partial", False) else self.incomplete
 
     def common_metrics(self) -> dict:
-        return {"load_s": round(self.load_s, 4), "wall_s": round(self.wall_s, 4),
-                "peak_rss_mb": round(self.peak_rss_mb, 1)}
+        return {
+            "load_s": round(self.load_s, 4),
+            "wall_s": round(self.wall_s, 4),
+            "peak_rss_mb": round(self.peak_rss_mb, 1),
+        }
 
     def metrics_dict(self) -> dict:
         return {**self.common_metrics(), **(to_jsonable(self.metrics) or {})}
@@ -75,15 +79,30 @@ class JobRecord:
     def to_json(self) -> dict:
         card = self.card
         return {
-            "id": self.id, "task": self.task, "status": self.status, "error": self.error,
-            "model": None if card is None else {"name": card.name, "path": card.path, "digest": card.digest,
-                                                "architecture": card.architecture, "source": card.source},
-            "runtime": self.runtime, "device": self.device, "dtype": self.dtype,
+            "id": self.id,
+            "task": self.task,
+            "status": self.status,
+            "error": self.error,
+            "model": None
+            if card is None
+            else {
+                "name": card.name,
+                "path": card.path,
+                "digest": card.digest,
+                "architecture": card.architecture,
+                "source": card.source,
+            },
+            "runtime": self.runtime,
+            "device": self.device,
+            "dtype": self.dtype,
             "options": to_jsonable(self.options),
-            "items": [{"index": it.index, "input": it.source, "result": to_jsonable(it.result)}
-                      for it in sorted(self.items, key=lambda i: i.index)],
+            "items": [
+                {"index": it.index, "input": it.source, "result": to_jsonable(it.result)}
+                for it in sorted(self.items, key=lambda i: i.index)
+            ],
             "errors": [{"index": e.index, "input": e.source, "error": e.message} for e in self.errors],
-            "metrics": self.metrics_dict(), "notes": list(self.notes),
+            "metrics": self.metrics_dict(),
+            "notes": list(self.notes),
             **({"chain_id": self.chain_id, "stage": self.stage} if self.chain_id else {}),
         }
 
@@ -107,36 +126,26 @@ def input_digest(inputs: list[Input]) -> str:
     return "sha256:" + h.hexdigest()
 
 
-@functools.lru_cache(maxsize=1)
-def versions() -> dict:
-    """Package versions for the run log; read once per process (importlib.metadata scans every
-    installed distribution: ~50 ms a job on a busy machine, most of a warm server request)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for pkg in ("taskrun", "torch", "transformers", "diffusers", "faster-whisper"):
-        try:
-            out[pkg] = version(pkg)
-        except PackageNotFoundError:
-            pass
-    return out
-
-
-# The tasks whose texts the run log keeps (prompt and answer, text and summary, the transcript);
-# `run chat` runs generate jobs. Other tasks' inputs are only digested.
-TEXT_TASKS = frozenset({"generate", "summarize", "transcribe"})
-
-
 def new_id() -> str:
     # Time-ordered and unique across processes: sortable in `run logs`, safe under concurrency.
     return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:8]
 
 
-def run_job(task: Task, get_inputs: Callable[[], list[Input]], options: Any | Callable[[], Any], *,
-            model: str | None = None, runtime: str | None = None, device: str = "auto",
-            dtype: str = "auto", offline: bool = False, log=None,
-            on_event: Callable[[Any], None] | None = None,
-            chain_id: str | None = None, stage: int | None = None) -> JobRecord:
+def run_job(
+    task: Task,
+    get_inputs: Callable[[], list[Input]],
+    options: Any | Callable[[], Any],
+    *,
+    model: str | None = None,
+    runtime: str | None = None,
+    device: str = "auto",
+    dtype: str = "auto",
+    offline: bool = False,
+    log=None,
+    on_event: Callable[[Any], None] | None = None,
+    chain_id: str | None = None,
+    stage: int | None = None,
+) -> JobRecord:
     """Run one job to the end and log it.
 
     Raises TaskError (after logging) when the job cannot run, or when its only input fails (with
@@ -144,23 +153,21 @@ def run_job(task: Task, get_inputs: Callable[[], list[Input]], options: Any | Ca
     record, whose status is ``partial`` when some inputs succeeded and ``failed`` when none did.
     """
     clock = Clock()
-    rec = JobRecord(id=new_id(), task=task.name, chain_id=chain_id, stage=stage,
-                    started_at=datetime.now(timezone.utc).isoformat(timespec="milliseconds"))
+    rec = JobRecord(
+        id=new_id(),
+        task=task.name,
+        chain_id=chain_id,
+        stage=stage,
+        started_at=datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+    )
     emit = on_event or (lambda e: None)
     inputs: list[Input] = []
     if log is not None:  # the row of a job that is killed from here on: `run logs` shows it interrupted
         log.append(start_row(rec, model))
     try:
         rec.options = options() if callable(options) else options
-        inputs = get_inputs()
-        if not inputs and task.inputs_required:
-            raise TaskError(f"no input given; {task.name} takes {task.takes}")
-        if len(inputs) > 1 and not task.batch:
-            raise TaskError(f"{task.name} takes one input per job, got {len(inputs)}; run it once for each")
-        rec.n_inputs = len(inputs)
-        rec.input_digest = input_digest(inputs)
-        _run(task, inputs, rec, clock, emit, model=model, runtime=runtime, device=device,
-             dtype=dtype, offline=offline)
+        inputs = _inputs(task, get_inputs, rec)
+        _run(task, inputs, rec, clock, emit, model=model, runtime=runtime, device=device, dtype=dtype, offline=offline)
         rec.status, rec.error = _outcome(rec)
     except TaskError as exc:
         rec.status, rec.error = "failed", str(exc)
@@ -187,31 +194,27 @@ def run_job(task: Task, get_inputs: Callable[[], list[Input]], options: Any | Ca
 PIPE_CLOSED = "stopped: the reader of its output closed the pipe"
 
 
+def _inputs(task: Task, get_inputs: Callable[[], list[Input]], rec: JobRecord) -> list[Input]:
+    """The job's inputs, checked against what the task takes, and counted and digested in ``rec``."""
+    inputs = get_inputs()
+    if not inputs and task.inputs_required:
+        raise TaskError(f"no input given; {task.name} takes {task.takes}")
+    if len(inputs) > 1 and not task.batch:
+        raise TaskError(f"{task.name} takes one input per job, got {len(inputs)}; run it once for each")
+    rec.n_inputs = len(inputs)
+    rec.input_digest = input_digest(inputs)
+    return inputs
+
+
 def _all_done(rec: JobRecord) -> bool:
     return rec.n_inputs > 0 and len(rec.items) + len(rec.errors) >= rec.n_inputs
 
 
-def job_texts(task: Task, inputs: list[Input], rec: JobRecord) -> list[tuple[int, str, str]]:
-    """(item, "input" | "output", text) for the run log's text table: the prompts or texts given
-    and the answers, summaries or transcripts made, for the tasks in TEXT_TASKS. Whether they are
-    kept is the log's choice (`--no-log-text`)."""
-    if task.name not in TEXT_TASKS:
-        return []
-    out = [(i, "input", inp.text) for i, inp in enumerate(inputs) if inp.kind == "text" and inp.text]
-    for it in sorted(rec.items, key=lambda x: x.index):
-        try:
-            text = task.handoff(it.result) if task.produces else getattr(it.result, "text", None)
-        except Exception:  # an odd result never costs the job its row
-            text = None
-        if isinstance(text, str) and text:
-            out.append((it.index, "output", text))
-    return out
-
-
-def _run(task: Task, inputs: list[Input], rec: JobRecord, clock: Clock, emit, *, model, runtime,
-         device, dtype, offline) -> None:
-    from taskrun.pipelines import load_pipeline
+def _run(
+    task: Task, inputs: list[Input], rec: JobRecord, clock: Clock, emit, *, model, runtime, device, dtype, offline
+) -> None:
     from taskrun.models.resolve import default_model, resolve
+    from taskrun.pipelines import load_pipeline
 
     good: list[tuple[int, Input]] = []
     for i, inp in enumerate(inputs):
@@ -226,8 +229,18 @@ def _run(task: Task, inputs: list[Input], rec: JobRecord, clock: Clock, emit, *,
     t_load = time.perf_counter()
     first_kind = good[0][1].kind if good else None
     card = resolve(model or default_model(task.name, first_kind), offline=offline)
-    card = _second_look(task, card, [inp for _, inp in good], rec, emit, chosen=model is not None,
-                        runtime=runtime, device=device, dtype=dtype, offline=offline)
+    card = _second_look(
+        task,
+        card,
+        [inp for _, inp in good],
+        rec,
+        emit,
+        chosen=model is not None,
+        runtime=runtime,
+        device=device,
+        dtype=dtype,
+        offline=offline,
+    )
     rec.card = card
     task.check([inp for _, inp in good], rec.options, card)
     rec.runtime = runtime or card.runtime
@@ -310,53 +323,32 @@ def _reindex(event, index: list[int]):
     return dataclasses.replace(event, index=index[event.index]) if event.index < len(index) else event
 
 
-def start_row(rec: JobRecord, model: str | None = None) -> dict:
-    """The row written as a job starts: enough to list it (the model as asked for, if named), and
-    the process that runs it."""
-    from taskrun.runner.runlog.liveness import stamp
-
-    return {"id": rec.id, "started_at": rec.started_at, "task": rec.task, "status": "running", "model": model,
-            "chain_id": rec.chain_id, "stage": rec.stage, **stamp()}
-
-
-def log_row(rec: JobRecord) -> dict:
-    from taskrun.runner.runlog.liveness import stamp
-
-    card = rec.card
-    return {**stamp(), "texts": rec.texts if rec.task in TEXT_TASKS else None,
-        "id": rec.id, "started_at": rec.started_at, "task": rec.task,
-        "model": card.name if card else None, "model_path": card.path if card else None,
-        "model_digest": card.digest if card else None, "model_source": card.source if card else None,
-        "runtime": rec.runtime, "device": rec.device, "dtype": rec.dtype,
-        "options": to_jsonable(rec.options), "input_digest": rec.input_digest, "inputs": rec.n_inputs,
-        "summary": summarize_items(rec), "metrics": rec.metrics_dict(), "versions": versions(),
-        "status": rec.status, "error": rec.error, "chain_id": rec.chain_id, "stage": rec.stage,
-        "notes": [*rec.notes, *(card.extra.get("ran", ()) if card else ())] or None,  # + a converted copy
-    }
-
-
-def summarize_items(rec: JobRecord, limit: int = 300) -> str:
-    """A short human summary of the results for `run logs`."""
-    parts = []
-    for it in sorted(rec.items, key=lambda i: i.index):
-        s = getattr(it.result, "summary", None)
-        parts.append(s() if callable(s) else str(to_jsonable(it.result))[:80])
-    if rec.errors:
-        parts.append(f"{len(rec.errors)} failed")
-    text = "; ".join(parts)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def run_spec(spec: JobSpec, *, log=None, on_event: Callable[[Any], None] | None = None,
-             device: str = "auto", dtype: str = "auto", offline: bool = False):
+def run_spec(
+    spec: JobSpec,
+    *,
+    log=None,
+    on_event: Callable[[Any], None] | None = None,
+    device: str = "auto",
+    dtype: str = "auto",
+    offline: bool = False,
+):
     """Run a JobSpec through ``run_job`` (checks, model cache, run log, metrics) → JobRecord."""
     from taskrun.runner.inputs import options_from
     from taskrun.tasks import get_task
 
     task = get_task(spec.task)
-    return run_job(task, lambda: list(spec.inputs), lambda: options_from(task, _cli_values(task, spec.options)),
-                   model=spec.model, runtime=spec.runtime, device=device, dtype=dtype,
-                   offline=offline, log=log, on_event=on_event)
+    return run_job(
+        task,
+        lambda: list(spec.inputs),
+        lambda: options_from(task, _cli_values(task, spec.options)),
+        model=spec.model,
+        runtime=spec.runtime,
+        device=device,
+        dtype=dtype,
+        offline=offline,
+        log=log,
+        on_event=on_event,
+    )
 
 
 def _cli_values(task, options: dict[str, Any]) -> dict[str, Any]:

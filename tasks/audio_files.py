@@ -73,8 +73,10 @@ def probe(path: str | Path) -> AudioInfo:
     except Exception as exc:  # libsndfile reports every failure as one error type with a message
         return _probe_av(p, exc)
     if info.samplerate <= 0:
-        raise TaskError(f"{p} declares a sample rate of {info.samplerate} Hz; the header is broken. "
-                        f"Re-export the file (e.g. `sox in.wav -r 16000 out.wav`)")
+        raise TaskError(
+            f"{p} declares a sample rate of {info.samplerate} Hz; the header is broken. "
+            f"Re-export the file (e.g. `sox in.wav -r 16000 out.wav`)"
+        )
     if info.channels <= 0:
         raise TaskError(f"{p} declares {info.channels} channels; the header is broken. Re-export the file")
     head = _head(p)
@@ -84,9 +86,16 @@ def probe(path: str | Path) -> AudioInfo:
         ended, bad, stray = ogg_check(p)
         if bad or stray:
             damage = f"{bad} damaged Ogg page{'s' if bad != 1 else ''}" + (f" and {stray} stray bytes" if stray else "")
-    return AudioInfo(str(p), int(info.samplerate), int(info.channels), int(info.frames), info.format,
-                     declared_frames=declared if declared and declared > info.frames else None,
-                     ended=ended, damage=damage)
+    return AudioInfo(
+        str(p),
+        int(info.samplerate),
+        int(info.channels),
+        int(info.frames),
+        info.format,
+        declared_frames=declared if declared and declared > info.frames else None,
+        ended=ended,
+        damage=damage,
+    )
 
 
 def _probe_av(p: Path, sf_error: Exception) -> AudioInfo:
@@ -98,8 +107,7 @@ def _probe_av(p: Path, sf_error: Exception) -> AudioInfo:
     except ValueError:
         raise _read_error(p, sf_error) from None
     if rate <= 0 or channels <= 0:
-        raise TaskError(f"{p} declares {rate} Hz and {channels} channels; the header is broken. "
-                        f"Re-export the file")
+        raise TaskError(f"{p} declares {rate} Hz and {channels} channels; the header is broken. Re-export the file")
     return AudioInfo(str(p), rate, channels, frames, name, decoder="av")
 
 
@@ -117,8 +125,7 @@ def av_probe(path: str | Path) -> tuple[int, int, int | None, str]:
     with container:
         if not container.streams.audio:
             others = ", ".join(f"{s.type} ({s.codec_context.name})" for s in container.streams) or "nothing"
-            raise TaskError(f"{path} has no audio track (it holds {others}); transcribe needs a "
-                            f"recording with sound")
+            raise TaskError(f"{path} has no audio track (it holds {others}); transcribe needs a recording with sound")
         stream = container.streams.audio[0]
         ctx = stream.codec_context
         if ctx is None:  # FFmpeg found an audio stream but no decoder for its codec (a damaged header)
@@ -142,20 +149,28 @@ def _read_error(p: Path, exc: Exception) -> TaskError:
     msg = str(exc).split(":", 1)[-1].strip() or type(exc).__name__
     rate = _wav_header_rate(head)
     if rate == 0:
-        return TaskError(f"{p} declares a sample rate of 0 Hz; the header is broken. Re-export the file "
-                         f"(e.g. `sox -r 16000 -e signed -b 16 -c 1 -t raw <data> out.wav` if you know the rate)")
+        return TaskError(
+            f"{p} declares a sample rate of 0 Hz; the header is broken. Re-export the file "
+            f"(e.g. `sox -r 16000 -e signed -b 16 -c 1 -t raw <data> out.wav` if you know the rate)"
+        )
     boxes = _mp4_boxes(p) if head[4:8] == b"ftyp" else None
     if boxes is not None and "mdat" in boxes and "moov" not in boxes:
-        return TaskError(f"{p} is an unfinished recording: its audio is there, but the index that says where "
-                         f"(the MP4 'moov' box, written when a recording stops) is missing, as when a phone or "
-                         f"app is interrupted mid-recording. No decoder can read it as it is; a repair tool "
-                         f"such as untrunc rebuilds the index from a complete recording made the same way "
-                         f"(same app and settings)")
+        return TaskError(
+            f"{p} is an unfinished recording: its audio is there, but the index that says where "
+            f"(the MP4 'moov' box, written when a recording stops) is missing, as when a phone or "
+            f"app is interrupted mid-recording. No decoder can read it as it is; a repair tool "
+            f"such as untrunc rebuilds the index from a complete recording made the same way "
+            f"(same app and settings)"
+        )
     if sniff_bytes(head) == "audio":
-        return TaskError(f"{p} looks like audio but cannot be decoded ({msg}); the file is corrupt or "
-                         f"truncated, or its codec is unsupported: re-export it as wav, flac or m4a")
-    return TaskError(f"{p} is not an audio file taskrun can read ({msg}); give wav, flac, ogg, mp3, "
-                     f"m4a, opus, webm or a video with sound")
+        return TaskError(
+            f"{p} looks like audio but cannot be decoded ({msg}); the file is corrupt or "
+            f"truncated, or its codec is unsupported: re-export it as wav, flac or m4a"
+        )
+    return TaskError(
+        f"{p} is not an audio file taskrun can read ({msg}); give wav, flac, ogg, mp3, "
+        f"m4a, opus, webm or a video with sound"
+    )
 
 
 def _mp4_boxes(p: Path, most: int = 64) -> list[str] | None:

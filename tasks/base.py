@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 
 class TaskError(Exception):
@@ -22,9 +23,16 @@ class TaskError(Exception):
 # --------------------------------------------------------------------------- options
 
 
-def option(default: Any, *flags: str, help: str, choices: Sequence[str] | None = None,
-           multiple: bool = False, metavar: str | None = None, cli: bool = True,
-           path: bool = False) -> Any:
+def option(
+    default: Any,
+    *flags: str,
+    help: str,
+    choices: Sequence[str] | None = None,
+    multiple: bool = False,
+    metavar: str | None = None,
+    cli: bool = True,
+    path: bool = False,
+) -> Any:
     """A field of an ``Options`` dataclass that the CLI turns into a click option.
 
     ``flags`` are the CLI spellings (default: ``--field-name``); ``help`` is its --help text.
@@ -33,8 +41,15 @@ def option(default: Any, *flags: str, help: str, choices: Sequence[str] | None =
     ``path=True`` marks a value that names a file or folder on this machine: programmatic front
     doors (the server) never take one from a client.
     """
-    meta = {"flags": flags, "help": help, "choices": tuple(choices) if choices else None,
-            "multiple": multiple, "metavar": metavar, "cli": cli, "path": path}
+    meta = {
+        "flags": flags,
+        "help": help,
+        "choices": tuple(choices) if choices else None,
+        "multiple": multiple,
+        "metavar": metavar,
+        "cli": cli,
+        "path": path,
+    }
     return field(default=default, metadata=meta)
 
 
@@ -45,7 +60,8 @@ def make_options(cls: type, values: dict[str, Any]) -> Any:
     if unknown:
         raise TaskError(
             f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
-            f"this task takes: {', '.join(sorted(names)) or 'no options'}")
+            f"this task takes: {', '.join(sorted(names)) or 'no options'}"
+        )
     try:
         return cls(**values)
     except TypeError as exc:  # a wrong type that __post_init__ did not catch
@@ -105,8 +121,9 @@ class ModelCard:
 def to_jsonable(obj: Any) -> Any:
     """Dataclasses, tuples and numpy-like arrays → plain JSON values."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)
-                if not f.metadata.get("internal")}
+        return {
+            f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj) if not f.metadata.get("internal")
+        }
     if isinstance(obj, dict):
         return {str(k): to_jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -225,8 +242,7 @@ class Task:
             "takes": self.takes,
             "returns": self.returns,
             "input_kinds": list(self.input_kinds),
-            "options": [describe_option(f) for f in dataclasses.fields(self.Options)
-                        if f.metadata.get("cli", True)],
+            "options": [describe_option(f) for f in dataclasses.fields(self.Options) if f.metadata.get("cli", True)],
             "measures": [describe_metric(f) for f in dataclasses.fields(self.Metrics)],
             "formats": list(self.formats),
         }
@@ -234,8 +250,7 @@ class Task:
 
 def describe_option(f: dataclasses.Field) -> dict:
     flags = f.metadata.get("flags") or ("--" + f.name.replace("_", "-"),)
-    return {"name": f.name, "flags": list(flags), "default": to_jsonable(f.default),
-            "help": f.metadata.get("help", "")}
+    return {"name": f.name, "flags": list(flags), "default": to_jsonable(f.default), "help": f.metadata.get("help", "")}
 
 
 def describe_metric(f: dataclasses.Field) -> dict:
@@ -256,8 +271,9 @@ def check_model_serves(task: Task, card: ModelCard) -> None:
     what = f"{_a(card.kind)} model" if card.kind else f"{_a(card.architecture)} model"
     serves = f" (it serves: {', '.join(card.tasks)})" if card.tasks else ""
     need = task.model_kinds or f"a model that serves {task.name}"
-    raise TaskError(f"`{card.name}` is {what}{serves}; {task.name} needs {need}. "
-                    f"Pick one with --model (see `run models`).")
+    raise TaskError(
+        f"`{card.name}` is {what}{serves}; {task.name} needs {need}. Pick one with --model (see `run models`)."
+    )
 
 
 # Which task to suggest for an input of a given kind when the user picked one that does not fit
@@ -271,12 +287,12 @@ def check_input_kind(task: Task, inp: Input) -> None:
     if inp.kind == "unreadable":  # a file of a folder that could not be read: its text says why
         raise TaskError(inp.text or f"{inp.describe()} could not be read")
     if inp.kind == "binary":
-        raise TaskError(f"{inp.describe()} is not text, an image or audio that taskrun can read; "
-                        f"{task.name} takes {task.takes}")
+        raise TaskError(
+            f"{inp.describe()} is not text, an image or audio that taskrun can read; {task.name} takes {task.takes}"
+        )
     other = TASK_FOR_KIND.get(inp.kind)
     hint = f"; for {inp.kind}, use `run {other}`" if other else ""
-    raise TaskError(f"{inp.describe()} is {_a(inp.kind)} file, but {task.name} takes "
-                    f"{task.takes}{hint}")
+    raise TaskError(f"{inp.describe()} is {_a(inp.kind)} file, but {task.name} takes {task.takes}{hint}")
 
 
 def _a(kind: str) -> str:

@@ -11,11 +11,16 @@ TEXT_KINDS = {"sentence-embedding", "text-classification"}
 
 @dataclass(frozen=True)
 class Options:
-    labels: tuple[str, ...] = option((), "--labels", multiple=True, metavar="A,B,C",
-                                     help="Candidate labels for zero-shot text classification "
-                                          "(comma-separated or repeated).")
-    template: str = option("This text is about {}.", "--template",
-                           help="How each label is phrased before it is embedded (zero-shot).")
+    labels: tuple[str, ...] = option(
+        (),
+        "--labels",
+        multiple=True,
+        metavar="A,B,C",
+        help="Candidate labels for zero-shot text classification (comma-separated or repeated).",
+    )
+    template: str = option(
+        "This text is about {}.", "--template", help="How each label is phrased before it is embedded (zero-shot)."
+    )
     top_k: int = option(5, "-k", "--top-k", help="How many labels to show per input.")
     batch_size: int = option(16, "--batch-size", help="Inputs per forward pass.")
 
@@ -58,19 +63,24 @@ class ClassifyTask(Task):
         for inp in inputs:
             self.check_input(inp)
             if inp.kind == "text" and not text_model:
-                raise TaskError(f"{inp.describe()} is text, but `{card.name}` is {card.kind or 'an image'} "
-                                f"model; leave out --model to use the default text classifier, or pick "
-                                f"a text model (minilm, or any *ForSequenceClassification)")
+                raise TaskError(
+                    f"{inp.describe()} is text, but `{card.name}` is {card.kind or 'an image'} "
+                    f"model; leave out --model to use the default text classifier, or pick "
+                    f"a text model (minilm, or any *ForSequenceClassification)"
+                )
             if inp.kind == "image" and text_model:
-                raise TaskError(f"{inp.describe()} is an image, but `{card.name}` is a text model; "
-                                f"leave out --model to use the default image classifier")
+                raise TaskError(
+                    f"{inp.describe()} is an image, but `{card.name}` is a text model; "
+                    f"leave out --model to use the default image classifier"
+                )
         if text_model and card.kind == "sentence-embedding" and len(options.labels) < 2:
-            raise TaskError(f"zero-shot classification with `{card.name}` needs at least two labels: "
-                            f"--labels positive,negative")
+            raise TaskError(
+                f"zero-shot classification with `{card.name}` needs at least two labels: --labels positive,negative"
+            )
 
     def check_input(self, inp: Input) -> None:
         super().check_input(inp)
-        if inp.kind == "image":
+        if inp.kind == "image" and inp.path:
             from taskrun.tasks.image_files import probe_image
 
             probe_image(inp.path)  # a non-image or a decompression bomb is refused before weights load
@@ -87,7 +97,9 @@ TASK = ClassifyTask(
     summary="Label texts (zero-shot with --labels, or a trained text classifier) or images.",
     takes="texts (arguments, -f file, stdin) with --labels, or image files/folders",
     returns="per input, labels with scores, best first (--top-k)",
-    Options=Options, Result=Result, Metrics=Metrics,
+    Options=Options,
+    Result=Result,
+    Metrics=Metrics,
     input_kinds=("text", "image"),
     model_kinds="a text classifier or sentence-embedding model (text), or an image classifier (images)",
 )

@@ -8,8 +8,9 @@ block to a named total; ``now()`` is the time since the job started (the first t
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
 
 class Clock:

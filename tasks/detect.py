@@ -5,8 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from taskrun.tasks.base import (Input, ModelCard, Task, TaskError, atomic_write, check_input_kind, check_model_serves,
-                        metric, option, require)
+from taskrun.tasks.base import (
+    Input,
+    ModelCard,
+    Task,
+    TaskError,
+    atomic_write,
+    check_input_kind,
+    check_model_serves,
+    metric,
+    option,
+    require,
+)
 
 FACE_KINDS = {"face-detection"}
 ANNOTATE_SUFFIXES = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".webp": "WEBP", ".bmp": "BMP"}
@@ -14,15 +24,26 @@ ANNOTATE_SUFFIXES = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".webp": "W
 
 @dataclass(frozen=True)
 class Options:
-    threshold: float = option(0.5, "-t", "--threshold",
-                              help="Keep boxes whose score is at least this (0-1). MTCNN's own last "
-                                   "stage already needs 0.7, so lower values change nothing there.")
-    annotate: str | None = option(None, "--annotate", path=True, metavar="OUT.png",
-                                  help="Draw the boxes and labels onto a copy of the image and save it "
-                                       "here (several images: one file each, named after the input).")
-    landmarks: bool = option(False, "--landmarks",
-                             help="Also return the five face landmarks (eyes, nose, mouth corners); "
-                                  "face detectors only.")
+    threshold: float = option(
+        0.5,
+        "-t",
+        "--threshold",
+        help="Keep boxes whose score is at least this (0-1). MTCNN's own last "
+        "stage already needs 0.7, so lower values change nothing there.",
+    )
+    annotate: str | None = option(
+        None,
+        "--annotate",
+        path=True,
+        metavar="OUT.png",
+        help="Draw the boxes and labels onto a copy of the image and save it "
+        "here (several images: one file each, named after the input).",
+    )
+    landmarks: bool = option(
+        False,
+        "--landmarks",
+        help="Also return the five face landmarks (eyes, nose, mouth corners); face detectors only.",
+    )
     min_face: int = option(20, "--min-face", help="Smallest face to look for, in pixels; face detectors only.")
     batch_size: int = option(8, "--batch-size", help="Images per forward pass.")
 
@@ -32,8 +53,10 @@ class Options:
         require(self.batch_size > 0, f"--batch-size must be at least 1 (got {self.batch_size})")
         if self.annotate:
             suffix = Path(self.annotate).suffix.lower()
-            require(suffix in ANNOTATE_SUFFIXES or Path(self.annotate).is_dir(),
-                    f"--annotate {self.annotate}: name a .png, .jpg or .webp file (or a folder)")
+            require(
+                suffix in ANNOTATE_SUFFIXES or Path(self.annotate).is_dir(),
+                f"--annotate {self.annotate}: name a .png, .jpg or .webp file (or a folder)",
+            )
 
 
 @dataclass
@@ -89,7 +112,8 @@ class DetectTask(Task):
         check_input_kind(self, inp)
         from taskrun.tasks.image_files import probe_image
 
-        probe_image(inp.path)  # a non-image or a decompression bomb is refused before weights load
+        if inp.path:
+            probe_image(inp.path)  # a non-image or a decompression bomb is refused before weights load
 
     def render(self, result: Result, options) -> str:
         lines = [f"{result.input}  {result.width}x{result.height}  {result.summary()}"]
@@ -126,9 +150,23 @@ def annotate(image, result: Result, out: Path) -> str:
     draw = ImageDraw.Draw(canvas)
     sx, sy = original_scale(image)  # boxes are in the original's pixels; the image may be reduced
     if (sx, sy) != (1.0, 1.0):
-        result = Result(result.input, canvas.width, canvas.height, [
-            Box(b.label, b.score, b.x0 / sx, b.y0 / sy, b.x1 / sx, b.y1 / sy,
-                [[x / sx, y / sy] for x, y in b.landmarks] if b.landmarks else None) for b in result.boxes])
+        result = Result(
+            result.input,
+            canvas.width,
+            canvas.height,
+            [
+                Box(
+                    b.label,
+                    b.score,
+                    b.x0 / sx,
+                    b.y0 / sy,
+                    b.x1 / sx,
+                    b.y1 / sy,
+                    [[x / sx, y / sy] for x, y in b.landmarks] if b.landmarks else None,
+                )
+                for b in result.boxes
+            ],
+        )
     side = max(canvas.size)
     width = max(2, side // 300)
     try:
@@ -161,7 +199,9 @@ TASK = DetectTask(
     summary="Find objects (or faces) in images: boxes with labels and scores.",
     takes="image files or folders (PNG, JPEG, GIF, BMP, TIFF, WebP)",
     returns="per image, boxes with label, score and x0, y0, x1, y1 in original pixels (--annotate draws them)",
-    Options=Options, Result=Result, Metrics=Metrics,
+    Options=Options,
+    Result=Result,
+    Metrics=Metrics,
     input_kinds=("image",),
     model_kinds="an object or face detector such as mtcnn, or any *ForObjectDetection model (DETR, YOLOS)",
 )

@@ -56,12 +56,16 @@ class EmbedTask(Task):
         .tsv would get the display above (four numbers and an ellipsis), not the vectors."""
         suffix = Path(output).suffix.lower().lstrip(".")
         if suffix not in OUTPUT_SUFFIXES:
-            raise TaskError(f"embed writes vectors to .npy, .jsonl, .parquet or .csv files (or the "
-                            f"job as .json), not '{Path(output).name}'; name the output e.g. "
-                            f"{Path(output).stem or 'vectors'}.npy")
+            raise TaskError(
+                f"embed writes vectors to .npy, .jsonl, .parquet or .csv files (or the "
+                f"job as .json), not '{Path(output).name}'; name the output e.g. "
+                f"{Path(output).stem or 'vectors'}.npy"
+            )
         if fmt in VECTOR_FORMATS and suffix != fmt:
-            raise TaskError(f"--format {fmt} and -o {Path(output).name} disagree; name the output "
-                            f"{Path(output).stem or 'vectors'}.{fmt}, or drop --format")
+            raise TaskError(
+                f"--format {fmt} and -o {Path(output).name} disagree; name the output "
+                f"{Path(output).stem or 'vectors'}.{fmt}, or drop --format"
+            )
 
     def write(self, items: list[Embedding], fmt: str, path: Path | None, options) -> str | bytes | None:
         if fmt not in VECTOR_FORMATS:
@@ -78,8 +82,10 @@ TASK = EmbedTask(
     summary="Turn texts into vectors (for similarity, search, clustering).",
     takes="texts: arguments, a file with one text per line (-f), or stdin",
     returns="one vector per text (L2-normalised by default); --json gives them; -o FILE.npy, .jsonl, "
-            ".parquet or .csv saves them for other tools",
-    Options=Options, Result=Result, Metrics=Metrics,
+    ".parquet or .csv saves them for other tools",
+    Options=Options,
+    Result=Result,
+    Metrics=Metrics,
     input_kinds=("text",),
     model_kinds="a sentence-embedding model such as minilm",
     formats=("text", "json") + VECTOR_FORMATS,

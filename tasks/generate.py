@@ -5,15 +5,20 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from taskrun.tasks.base import Task, TaskError, metric, option, require
 
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+
 # How the JSON is laid out: json.dumps's separators (what models saw most), no other whitespace (a
 # grammar that allowed it would let a weak model pad forever).
-JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# the layout the model writes JSON in: compact, as json.dumps with its default separators writes it
+JSON_LAYOUT: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
-def load_schema(path: str) -> dict:
+def load_schema(path: str) -> dict | bool:
     """A JSON Schema file, checked to be valid JSON, a valid schema and one the grammar engine can
     enforce (before any weights load)."""
     p = Path(path)
@@ -27,14 +32,17 @@ def load_schema(path: str) -> dict:
     except ImportError:
         raise TaskError("--json-schema needs the jsonschema package: pip install jsonschema") from None
     if not isinstance(schema, (dict, bool)):
-        raise TaskError(f"--json-schema {path} is not a JSON Schema: it must be an object such as "
-                        f'{{"type": "object", "properties": {{...}}}}')
+        raise TaskError(
+            f"--json-schema {path} is not a JSON Schema: it must be an object such as "
+            f'{{"type": "object", "properties": {{...}}}}'
+        )
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as exc:
         where = "/".join(str(x) for x in exc.path) or "top level"
-        raise TaskError(f"--json-schema {path} is not a valid JSON Schema ({where}: "
-                        f"{exc.message}); fix the schema") from None
+        raise TaskError(
+            f"--json-schema {path} is not a valid JSON Schema ({where}: {exc.message}); fix the schema"
+        ) from None
     schema_grammar(schema, path)
     return schema
 
@@ -55,18 +63,23 @@ def schema_grammar(schema, path: str = "the schema") -> str:
         raise TaskError(f"--json-schema {path}: {exc}; fix the schema") from None
     error = LLMatcher.validate_grammar(grammar)
     if error and "$ref" in json.dumps(schema) and ("Pointer" in error or "Resource" in error):
-        raise TaskError(f"--json-schema {path} has a $ref that cannot be resolved ({error.strip()}); "
-                        f"only references inside the file (#/$defs/...) are followed")
+        raise TaskError(
+            f"--json-schema {path} has a $ref that cannot be resolved ({error.strip()}); "
+            f"only references inside the file (#/$defs/...) are followed"
+        )
     if error:
-        raise TaskError(f"--json-schema {path} cannot be enforced while decoding: {error.strip()}; "
-                        f"remove or rewrite what it names")
+        raise TaskError(
+            f"--json-schema {path} cannot be enforced while decoding: {error.strip()}; remove or rewrite what it names"
+        )
     return grammar
 
 
 def check_sampling(max_tokens: int, temperature: float, top_p: float, top_k: int) -> None:
     require(max_tokens > 0, f"--max-tokens must be at least 1 (got {max_tokens})")
-    require(0 <= temperature < float("inf"),
-            f"--temperature must be 0 (greedy) or a finite number above it, e.g. 0.7 (got {temperature})")
+    require(
+        0 <= temperature < float("inf"),
+        f"--temperature must be 0 (greedy) or a finite number above it, e.g. 0.7 (got {temperature})",
+    )
     require(0 < top_p <= 1, f"--top-p must be in (0, 1], e.g. 0.9 (got {top_p})")
     require(top_k >= 0, f"--top-k must be 0 (off) or more (got {top_k})")
 
@@ -75,8 +88,10 @@ def check_history(history, raw: bool) -> tuple[tuple[str, str], ...]:
     """Earlier conversation turns as (role, text) pairs; they need the chat template."""
     turns = tuple(tuple(t) for t in history)
     for t in turns:
-        require(len(t) == 2 and t[0] in ("user", "assistant") and isinstance(t[1], str),
-                f"history takes (role, text) pairs with role user or assistant (got {list(t)!r:.60})")
+        require(
+            len(t) == 2 and t[0] in ("user", "assistant") and isinstance(t[1], str),
+            f"history takes (role, text) pairs with role user or assistant (got {list(t)!r:.60})",
+        )
     require(not (turns and raw), "a conversation history needs the chat template; drop --raw")
     return turns
 
@@ -84,29 +99,46 @@ def check_history(history, raw: bool) -> tuple[tuple[str, str], ...]:
 @dataclass(frozen=True)
 class Options:
     max_tokens: int = option(256, "--max-tokens", help="Most tokens to generate; a longer answer is cut.")
-    temperature: float = option(0.0, "--temperature",
-                                help="Sampling temperature; 0 = greedy (the same text every run).")
+    temperature: float = option(
+        0.0, "--temperature", help="Sampling temperature; 0 = greedy (the same text every run)."
+    )
     top_p: float = option(1.0, "--top-p", help="Nucleus sampling: keep the most likely tokens up to this mass.")
     top_k: int = option(0, "--top-k", help="Sample only among the k most likely tokens (0 = off).")
-    seed: int | None = option(None, "--seed", help="Random seed for sampling (default: a new one, "
-                                                   "reported in the result so the run can be repeated).")
-    repeat_penalty: float = option(1.0, "--repeat-penalty",
-                                   help="Above 1, makes tokens the answer already holds less likely "
-                                        "(1.1-1.3 stops small models looping; 1 = off).")
-    stop: tuple[str, ...] = option((), "--stop", multiple=True, metavar="TEXT",
-                                   help="Stop when this text appears (not included). Repeatable.")
+    seed: int | None = option(
+        None,
+        "--seed",
+        help="Random seed for sampling (default: a new one, reported in the result so the run can be repeated).",
+    )
+    repeat_penalty: float = option(
+        1.0,
+        "--repeat-penalty",
+        help="Above 1, makes tokens the answer already holds less likely "
+        "(1.1-1.3 stops small models looping; 1 = off).",
+    )
+    stop: tuple[str, ...] = option(
+        (), "--stop", multiple=True, metavar="TEXT", help="Stop when this text appears (not included). Repeatable."
+    )
     system: str = option("", "--system", help="System prompt (used with the chat template).")
-    history: tuple = option((), cli=False,
-                            help="Earlier turns of a conversation before the prompt, as (role, text) "
-                                 "pairs with role user or assistant (the server's chat endpoints).")
+    history: tuple = option(
+        (),
+        cli=False,
+        help="Earlier turns of a conversation before the prompt, as (role, text) "
+        "pairs with role user or assistant (the server's chat endpoints).",
+    )
     raw: bool = option(False, "--raw", help="Send the prompt as is, without the model's chat template.")
     stream: bool = option(True, "--stream", help="Print text as it is generated (--no-stream: at the end).")
-    truncate: bool = option(False, "--truncate",
-                            help="Cut a prompt that does not fit the context window instead of refusing it.")
-    json_schema: str = option("", "--json-schema", path=True, metavar="FILE",
-                              help="Answer in JSON valid for this schema, by construction: each token is "
-                                   "held to a grammar built from it (llguidance's JSON Schema subset; "
-                                   "others are refused); then validated.")
+    truncate: bool = option(
+        False, "--truncate", help="Cut a prompt that does not fit the context window instead of refusing it."
+    )
+    json_schema: str = option(
+        "",
+        "--json-schema",
+        path=True,
+        metavar="FILE",
+        help="Answer in JSON valid for this schema, by construction: each token is "
+        "held to a grammar built from it (llguidance's JSON Schema subset; "
+        "others are refused); then validated.",
+    )
     price_in: float = option(0.0, "--price-in", help="Price per million input tokens, for a cost estimate.")
     price_out: float = option(0.0, "--price-out", help="Price per million output tokens, for a cost estimate.")
 
@@ -144,9 +176,12 @@ Result = Generation
 @dataclass
 class Metrics:
     input_tokens: int = metric("prompt tokens, after the chat template (all prompts)", 0)
-    cached_prompt_tokens: int = metric("of input_tokens, those whose KV cache was kept from the model's "
-                                       "previous sequence, an earlier job's or an earlier prompt's of "
-                                       "this one (a shared prefix, not read again; llama.cpp)", 0)
+    cached_prompt_tokens: int = metric(
+        "of input_tokens, those whose KV cache was kept from the model's "
+        "previous sequence, an earlier job's or an earlier prompt's of "
+        "this one (a shared prefix, not read again; llama.cpp)",
+        0,
+    )
     output_tokens: int = metric("tokens generated, the end-of-sequence token excluded", 0)
     ttft_s: float = metric("job start (load included) → first token out of the model")
     prefill_s: float = metric("forward pass over the prompt(s), to the first token's logits")
@@ -159,8 +194,11 @@ def cut_notice(result, max_tokens: int) -> str:
     """The warning a capped answer carries: it is never presented as complete."""
     if result.finish_reason != "length":
         return ""
-    return f"[cut: stopped at the {max_tokens}-token limit; raise --max-tokens for the rest]" \
-        if result.output_tokens >= max_tokens else "[cut: the model's context window is full]"
+    return (
+        f"[cut: stopped at the {max_tokens}-token limit; raise --max-tokens for the rest]"
+        if result.output_tokens >= max_tokens
+        else "[cut: the model's context window is full]"
+    )
 
 
 class GenerateTask(Task):
@@ -185,7 +223,9 @@ TASK = GenerateTask(
     summary="Generate text from a prompt with a language model, streamed as it is produced.",
     takes="a prompt: an argument (quote it), a file (-f, read whole) or stdin",
     returns="the generated text with its finish reason (stop, length, stop_sequence) and token counts",
-    Options=Options, Result=Result, Metrics=Metrics,
+    Options=Options,
+    Result=Result,
+    Metrics=Metrics,
     input_kinds=("text",),
     model_kinds="a text-generation (causal LM) model such as smollm2-135m",
     produces="text",

@@ -29,37 +29,48 @@ def parse_size(size: str) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class Options:
-    steps: int | None = option(None, "--steps", help="Denoising steps (default: the model's; 25 for "
-                                                       "digits-ddpm, 50 for text-to-image models).")
-    seed: int | None = option(None, "--seed", help="Random seed; image i of -n uses seed+i. Default: a "
-                                                     "random one, recorded in the PNG.")
-    size: str | None = option(None, "--size", metavar="WxH",
-                              help="Image size, a multiple of the model's VAE factor (default: the "
-                                   "model's native size).")
-    guidance: float | None = option(None, "--guidance", help="Classifier-free guidance scale (models "
-                                                              "that support it; default: the model's).")
-    negative: str = option("", "--negative", help="Negative prompt: what to steer away from "
-                                                  "(text-to-image models with guidance).")
-    scheduler: str = option("default", "--scheduler", choices=SCHEDULERS,
-                            help="Sampler; 'default' keeps the model's own.")
+    steps: int | None = option(
+        None, "--steps", help="Denoising steps (default: the model's; 25 for digits-ddpm, 50 for text-to-image models)."
+    )
+    seed: int | None = option(
+        None, "--seed", help="Random seed; image i of -n uses seed+i. Default: a random one, recorded in the PNG."
+    )
+    size: str | None = option(
+        None,
+        "--size",
+        metavar="WxH",
+        help="Image size, a multiple of the model's VAE factor (default: the model's native size).",
+    )
+    guidance: float | None = option(
+        None, "--guidance", help="Classifier-free guidance scale (models that support it; default: the model's)."
+    )
+    negative: str = option(
+        "", "--negative", help="Negative prompt: what to steer away from (text-to-image models with guidance)."
+    )
+    scheduler: str = option(
+        "default", "--scheduler", choices=SCHEDULERS, help="Sampler; 'default' keeps the model's own."
+    )
     n: int = option(1, "-n", help="How many images to make (seeds seed, seed+1, …).")
-    label: str | None = option(None, "--label", help="Class to draw, for class-conditional models "
-                                                      "(digits-ddpm: 0-9).")
-    out_dir: str = option(".", "--out-dir", path=True, metavar="DIR",
-                          help="Folder for the images when -o is not given.")
+    label: str | None = option(None, "--label", help="Class to draw, for class-conditional models (digits-ddpm: 0-9).")
+    out_dir: str = option(
+        ".", "--out-dir", path=True, metavar="DIR", help="Folder for the images when -o is not given."
+    )
 
     def __post_init__(self):
-        require(self.steps is None or 1 <= self.steps <= 1000,
-                f"--steps must be between 1 and 1000 (got {self.steps})")
+        require(self.steps is None or 1 <= self.steps <= 1000, f"--steps must be between 1 and 1000 (got {self.steps})")
         require(1 <= self.n <= MAX_IMAGES, f"-n must be between 1 and {MAX_IMAGES} (got {self.n})")
-        require(self.seed is None or 0 <= self.seed < 2 ** 63, f"--seed must be ≥ 0 (got {self.seed})")
-        require(self.guidance is None or 0 <= self.guidance <= 50,
-                f"--guidance must be between 0 and 50 (got {self.guidance}); 1 means no guidance")
+        require(self.seed is None or 0 <= self.seed < 2**63, f"--seed must be ≥ 0 (got {self.seed})")
+        require(
+            self.guidance is None or 0 <= self.guidance <= 50,
+            f"--guidance must be between 0 and 50 (got {self.guidance}); 1 means no guidance",
+        )
         if self.size is not None:
             w, h = parse_size(self.size)
-            require(w > 0 and h > 0 and w * h <= MAX_PIXELS,
-                    f"--size {self.size} is out of range; use at most {MAX_PIXELS} pixels "
-                    f"(e.g. 1024x1024), each side at least 1")
+            require(
+                w > 0 and h > 0 and w * h <= MAX_PIXELS,
+                f"--size {self.size} is out of range; use at most {MAX_PIXELS} pixels "
+                f"(e.g. 1024x1024), each side at least 1",
+            )
         require(Path(self.out_dir).is_dir(), f"--out-dir {self.out_dir} does not exist; create it first")
 
 
@@ -95,11 +106,19 @@ class Generation:
 
     def png_text(self, image: Image) -> dict[str, str]:
         """The settings stored in each PNG's text chunks; read back with ``read_png_settings``."""
-        text = {"prompt": self.prompt or "", "negative": self.negative, "label": self.label or "",
-                "seed": str(image.seed), "steps": str(self.steps), "scheduler": self.scheduler,
-                "guidance": "" if self.guidance is None else repr(self.guidance),
-                "size": f"{self.width}x{self.height}", "model": self.model, "model_digest": self.model_digest,
-                "software": "taskrun"}
+        text = {
+            "prompt": self.prompt or "",
+            "negative": self.negative,
+            "label": self.label or "",
+            "seed": str(image.seed),
+            "steps": str(self.steps),
+            "scheduler": self.scheduler,
+            "guidance": "" if self.guidance is None else repr(self.guidance),
+            "size": f"{self.width}x{self.height}",
+            "model": self.model,
+            "model_digest": self.model_digest,
+            "software": "taskrun",
+        }
         return text
 
 
@@ -114,8 +133,9 @@ class Metrics:
     encode_s: float = metric("prompt or label conditioning, up to the first denoising step")
     decode_s: float = metric("latents → pixels, from the last denoising step to the images")
     images_per_s: float = metric("images ÷ (encode + denoising loop + decode)")
-    compile_s: float = metric("tracing the denoiser for this batch shape: once per shape per process, "
-                              "from its second job on; 0 otherwise")
+    compile_s: float = metric(
+        "tracing the denoiser for this batch shape: once per shape per process, from its second job on; 0 otherwise"
+    )
     width: int = metric("image width in pixels", 0)
     height: int = metric("image height in pixels", 0)
 
@@ -182,8 +202,9 @@ class ImageTask(Task):
     def check(self, inputs, options: Options, card) -> None:
         check_model_serves(self, card)
         if len(inputs) > 1:
-            raise TaskError(f"image takes one prompt per job (got {len(inputs)}); "
-                            f"use -n for several images of one prompt")
+            raise TaskError(
+                f"image takes one prompt per job (got {len(inputs)}); use -n for several images of one prompt"
+            )
         for inp in inputs:
             self.check_input(inp)
         cond = read_conditioning(card.path)
@@ -228,7 +249,7 @@ def _check_text(cond: ModelConditioning, name: str, prompt: str | None, options:
     if options.label is not None:
         raise TaskError(f"--label is for class-conditional models; `{name}` takes {cond.takes()}")
     if not prompt:
-        raise TaskError(f"`{name}` is a text-to-image model; give a prompt, e.g. run image \"a red fox\"")
+        raise TaskError(f'`{name}` is a text-to-image model; give a prompt, e.g. run image "a red fox"')
 
 
 def _class_label(cond: ModelConditioning, name: str, prompt: str | None, options: Options) -> str:
@@ -242,8 +263,10 @@ def _class_label(cond: ModelConditioning, name: str, prompt: str | None, options
             raise TaskError(f"the prompt names {named} but --label says {label}; give one of them")
         label = named
     if label is None:
-        raise TaskError(f"`{name}` is a class-conditional model; say what to draw with --label "
-                        f"({', '.join(cond.labels)}) or a prompt naming one")
+        raise TaskError(
+            f"`{name}` is a class-conditional model; say what to draw with --label "
+            f"({', '.join(cond.labels)}) or a prompt naming one"
+        )
     if options.negative:
         raise TaskError(f"--negative needs a text-to-image model; `{name}` takes {cond.takes()}")
     return label
@@ -252,20 +275,24 @@ def _class_label(cond: ModelConditioning, name: str, prompt: str | None, options
 def _check_size(cond: ModelConditioning, name: str, size: str) -> None:
     w, h = parse_size(size)
     if w % cond.factor or h % cond.factor:
-        raise TaskError(f"--size {size}: `{name}` needs width and height that are multiples "
-                        f"of {cond.factor} (its VAE factor), e.g. "
-                        f"{max(cond.factor, w // cond.factor * cond.factor)}x"
-                        f"{max(cond.factor, h // cond.factor * cond.factor)}")
+        raise TaskError(
+            f"--size {size}: `{name}` needs width and height that are multiples "
+            f"of {cond.factor} (its VAE factor), e.g. "
+            f"{max(cond.factor, w // cond.factor * cond.factor)}x"
+            f"{max(cond.factor, h // cond.factor * cond.factor)}"
+        )
 
 
 TASK = ImageTask(
     name="image",
     summary="Make images by diffusion: a prompt, a class label (--label) or nothing, step by step.",
     takes="an optional prompt (text-to-image models); class-conditional models take --label or a "
-          "prompt naming the class; unconditional models take nothing",
+    "prompt naming the class; unconditional models take nothing",
     returns="PNG files with their settings in the PNG metadata (-o out.png; out-1.png… for -n > 1; "
-            "without -o, named from the prompt and seed in --out-dir)",
-    Options=Options, Result=Result, Metrics=Metrics,
+    "without -o, named from the prompt and seed in --out-dir)",
+    Options=Options,
+    Result=Result,
+    Metrics=Metrics,
     input_kinds=("text",),
     model_kinds="a diffusers image-generation model such as digits-ddpm, or a text-to-image folder",
     formats=("png", "json", "text"),

@@ -39,8 +39,7 @@ class ModelConditioning:
     def label_index(self, label: str) -> int:
         if label in self.labels:
             return self.labels.index(label)
-        raise TaskError(f"this model has no label '{label}'; it takes --label "
-                        f"{', '.join(self.labels)}")
+        raise TaskError(f"this model has no label '{label}'; it takes --label {', '.join(self.labels)}")
 
     def label_from_prompt(self, prompt: str) -> str:
         """The one class a prompt names, as a whole word (a label or an alias such as "seven").
@@ -54,9 +53,11 @@ class ModelConditioning:
         if len(found) == 1:
             return found[0]
         what = "names no class" if not found else f"names {len(found)} classes ({', '.join(found)})"
-        raise TaskError(f"the prompt {prompt!r} {what}; this class-conditional model draws one of: "
-                        f"{', '.join(self.labels)}. Name one (e.g. \"a handwritten {self.labels[-1]}\") "
-                        f"or use --label")
+        raise TaskError(
+            f"the prompt {prompt!r} {what}; this class-conditional model draws one of: "
+            f'{", ".join(self.labels)}. Name one (e.g. "a handwritten {self.labels[-1]}") '
+            f"or use --label"
+        )
 
 
 def _json(path: Path) -> dict:
@@ -70,8 +71,10 @@ def read_conditioning(path: str | Path) -> ModelConditioning:
     """What the diffusers folder at ``path`` takes, from model_index.json and its parts' configs."""
     root = Path(path)
     if not (root / "model_index.json").exists():
-        raise TaskError(f"{root} is not a diffusers model folder (no model_index.json); image needs "
-                        f"a diffusers pipeline folder or hub id")
+        raise TaskError(
+            f"{root} is not a diffusers model folder (no model_index.json); image needs "
+            f"a diffusers pipeline folder or hub id"
+        )
     index = _json(root / "model_index.json")
     denoiser = "unet" if index.get("unet") else "transformer"
     dcfg = _json(root / denoiser / "config.json")
@@ -88,18 +91,32 @@ def read_conditioning(path: str | Path) -> ModelConditioning:
     if index.get("text_encoder") and index["text_encoder"][0] is not None:
         # Guidance-distilled models (LCM) embed the scale instead of mixing two predictions.
         cfg = not dcfg.get("time_cond_proj_dim")
-        return ModelConditioning("text", cfg=cfg, factor=factor, native=native, default_steps=steps,
-                                 default_guidance=float(extra.get("default_guidance", 7.5)) if cfg else None)
+        return ModelConditioning(
+            "text",
+            cfg=cfg,
+            factor=factor,
+            native=native,
+            default_steps=steps,
+            default_guidance=float(extra.get("default_guidance", 7.5)) if cfg else None,
+        )
     n_classes = dcfg.get("num_class_embeds") if denoiser == "unet" else None
     if n_classes:
         null = extra.get("null_class")
         labels = extra.get("labels") or [str(i) for i in range(n_classes - (null is not None))]
-        aliases = extra.get("aliases") or ({w: str(i) for i, w in enumerate(DIGIT_WORDS)}
-                                           if labels == [str(i) for i in range(10)] else {})
-        return ModelConditioning("class", labels=tuple(labels), aliases=tuple(aliases.items()),
-                                 null_class=null, cfg=null is not None, factor=factor, native=native,
-                                 default_steps=steps,
-                                 default_guidance=float(extra.get("default_guidance", 1.0)) if null is not None else None)
+        aliases = extra.get("aliases") or (
+            {w: str(i) for i, w in enumerate(DIGIT_WORDS)} if labels == [str(i) for i in range(10)] else {}
+        )
+        return ModelConditioning(
+            "class",
+            labels=tuple(labels),
+            aliases=tuple(aliases.items()),
+            null_class=null,
+            cfg=null is not None,
+            factor=factor,
+            native=native,
+            default_steps=steps,
+            default_guidance=float(extra.get("default_guidance", 1.0)) if null is not None else None,
+        )
     return ModelConditioning("none", factor=factor, native=native, default_steps=steps)
 
 

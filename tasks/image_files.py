@@ -72,9 +72,11 @@ def _check_size(p: Path, w: int, h: int) -> None:
         raise TaskError(f"{p} has zero size ({w}x{h} pixels)")
     limit = max_pixels()
     if w * h > limit:
-        raise TaskError(f"{p} is {w}x{h} = {w * h:,} pixels, over the limit of {limit:,} that guards "
-                        f"against decompression bombs; shrink it, or raise TASKRUN_MAX_PIXELS if you "
-                        f"trust the file")
+        raise TaskError(
+            f"{p} is {w}x{h} = {w * h:,} pixels, over the limit of {limit:,} that guards "
+            f"against decompression bombs; shrink it, or raise TASKRUN_MAX_PIXELS if you "
+            f"trust the file"
+        )
 
 
 # Images are decoded at most this many pixels on their longest side (TASKRUN_DECODE_MAX_SIDE
@@ -171,7 +173,7 @@ def _shrink(img: Any, side: int, fit: int | None = None) -> Any:
         img = img.reduce(factor)
     if max(img.size) > side:
         k = side / max(img.size)
-        img = img.resize((max(1, round(img.width * k)), max(1, round(img.height * k))), Image.LANCZOS)
+        img = img.resize((max(1, round(img.width * k)), max(1, round(img.height * k))), Image.Resampling.LANCZOS)
     return img
 
 

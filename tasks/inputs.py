@@ -50,7 +50,7 @@ def sniff_bytes(head: bytes) -> str:
     if head[4:8] == b"ftyp":
         return "binary" if head[8:12] in _IMAGE_BRANDS else "audio"
     for magic, offset, kind in _MAGIC:
-        if head[offset:offset + len(magic)] == magic:
+        if head[offset : offset + len(magic)] == magic:
             return kind
     if b"\x00" in head:
         return "binary"
@@ -86,8 +86,10 @@ def read_text_file(path: str | Path) -> str:
     try:
         return p.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise TaskError(f"{p} is not UTF-8 text (byte {exc.start}); convert it, e.g. "
-                        f"`iconv -f latin1 -t utf-8 {p} > {p.stem}.utf8{p.suffix}`") from None
+        raise TaskError(
+            f"{p} is not UTF-8 text (byte {exc.start}); convert it, e.g. "
+            f"`iconv -f latin1 -t utf-8 {p} > {p.stem}.utf8{p.suffix}`"
+        ) from None
 
 
 def file_input(path: str | Path) -> Input:
@@ -114,8 +116,11 @@ def text_input(text: str, source: str) -> Input:
 def lines_of(path: str | Path) -> list[Input]:
     """One text Input per non-blank line of a text file."""
     text = read_text_file(path)
-    out = [Input(source=f"{path}:{i}", kind="text", text=line.strip())
-           for i, line in enumerate(text.splitlines(), 1) if line.strip()]
+    out = [
+        Input(source=f"{path}:{i}", kind="text", text=line.strip())
+        for i, line in enumerate(text.splitlines(), 1)
+        if line.strip()
+    ]
     if not out:
         raise TaskError(f"{path} has no non-blank lines")
     return out

@@ -10,11 +10,13 @@ from taskrun.tasks.base import Task, metric, option, require
 
 @dataclass(frozen=True)
 class Options:
-    corpus: str = option("", "--corpus", path=True, help="A text/markdown file or a folder of them to search.",
-                         metavar="FILE|DIR")
+    corpus: str = option(
+        "", "--corpus", path=True, help="A text/markdown file or a folder of them to search.", metavar="FILE|DIR"
+    )
     top_k: int = option(5, "-k", "--top-k", help="How many passages to return per query.")
-    passage_chars: int = option(500, "--passage-chars",
-                                help="Longest passage, in characters; paragraphs are split or joined to fit.")
+    passage_chars: int = option(
+        500, "--passage-chars", help="Longest passage, in characters; paragraphs are split or joined to fit."
+    )
     batch_size: int = option(64, "--batch-size", help="Passages per forward pass when embedding the corpus.")
 
     def __post_init__(self):
@@ -54,8 +56,9 @@ class Metrics:
     files: int = metric("files in the corpus", 0)
     files_embedded: int = metric("files new or changed since the index last saw them", 0)
     files_dropped: int = metric("files gone from the corpus since, dropped from the index", 0)
-    index_s: float = metric("reading + hashing the corpus files, splitting and embedding the new and "
-                            "changed ones, and updating the index")
+    index_s: float = metric(
+        "reading + hashing the corpus files, splitting and embedding the new and changed ones, and updating the index"
+    )
     query_s: float = metric("embedding the queries and ranking the passages")
     items_per_s: float = metric("queries ÷ query_s")
 
@@ -78,7 +81,9 @@ TASK = SearchTask(
     summary="Find the passages of a corpus (text/markdown files) most similar to a query.",
     takes="queries as text (arguments, -f file, stdin) and --corpus FILE|DIR",
     returns="per query, the top-k passages with cosine scores and file:line locations",
-    Options=Options, Result=Result, Metrics=Metrics,
+    Options=Options,
+    Result=Result,
+    Metrics=Metrics,
     input_kinds=("text",),
     model_kinds="a sentence-embedding model such as minilm",
     produces="text",

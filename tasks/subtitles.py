@@ -10,8 +10,9 @@ ends a segment, and each file of a batch starts a new cue.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 PAUSE_S = 1.5  # a silence this long between two words ends the cue: the next words are a new thought
 SENTENCE_END = (".", "?", "!", "…", "。", "？", "！")
@@ -35,8 +36,9 @@ class Cue:
     lines: list[list[Timed]]
 
     def text(self, underline: Timed | None = None) -> str:
-        return "\n".join(" ".join(f"<u>{w.text}</u>" if w is underline else w.text for w in line)
-                         for line in self.lines)
+        return "\n".join(
+            " ".join(f"<u>{w.text}</u>" if w is underline else w.text for w in line) for line in self.lines
+        )
 
 
 def words_of(segments: Sequence[Any], file: int = 0) -> list[Timed]:
@@ -44,8 +46,10 @@ def words_of(segments: Sequence[Any], file: int = 0) -> list[Timed]:
     out: list[Timed] = []
     for k, seg in enumerate(segments):
         if seg.words:
-            out += _glued([Timed(w.start, max(w.end, w.start), _clean(w.word), k, file)
-                           for w in seg.words if _clean(w.word)], _clean(seg.text))
+            out += _glued(
+                [Timed(w.start, max(w.end, w.start), _clean(w.word), k, file) for w in seg.words if _clean(w.word)],
+                _clean(seg.text),
+            )
             continue
         words = _clean(seg.text).split()
         total = sum(len(w) + 1 for w in words) or 1
@@ -83,10 +87,12 @@ def _pieces(word: Timed, width: int) -> list[Timed]:
     """A word longer than a whole line (a URL, say) cut into line-long pieces sharing its time."""
     if len(word.text) <= width:
         return [word]
-    parts = [word.text[i:i + width] for i in range(0, len(word.text), width)]
+    parts = [word.text[i : i + width] for i in range(0, len(word.text), width)]
     step = (word.end - word.start) / len(parts)
-    return [Timed(round(word.start + i * step, 3), round(word.start + (i + 1) * step, 3), p, word.segment,
-                  word.file) for i, p in enumerate(parts)]
+    return [
+        Timed(round(word.start + i * step, 3), round(word.start + (i + 1) * step, 3), p, word.segment, word.file)
+        for i, p in enumerate(parts)
+    ]
 
 
 def shape(words: list[Timed], width: int, count: int, max_s: float) -> list[Cue]:
@@ -98,7 +104,7 @@ def shape(words: list[Timed], width: int, count: int, max_s: float) -> list[Cue]
     cue: Cue | None = None
     prev: Timed | None = None
     for word in (p for w in words for p in _pieces(w, width)):
-        if cue is None or _breaks(cue, prev, word, count, width, max_s):
+        if cue is None or prev is None or _breaks(cue, prev, word, count, width, max_s):
             cue = Cue(word.start, word.end, [[word]])
             cues.append(cue)
         elif len(_line(cue.lines[-1])) + 1 + len(word.text) <= width:
@@ -143,13 +149,13 @@ def highlighted(cues: list[Cue]) -> list[tuple[float, float, str]]:
     return out
 
 
-def cues_of(items: Sequence[Any], width: int, count: int, max_s: float, highlight: bool
-            ) -> list[tuple[float, float, str]]:
+def cues_of(
+    items: Sequence[Any], width: int, count: int, max_s: float, highlight: bool
+) -> list[tuple[float, float, str]]:
     """(start, end, text) of every cue of a batch of transcripts played one after another."""
     words, offset = [], 0.0
     for f, tr in enumerate(items):
-        words += [Timed(w.start + offset, w.end + offset, w.text, w.segment, f)
-                  for w in words_of(tr.segments, f)]
+        words += [Timed(w.start + offset, w.end + offset, w.text, w.segment, f) for w in words_of(tr.segments, f)]
         offset += tr.audio_s
     cues = shape(words, width, count, max_s)
     return highlighted(cues) if highlight else [(c.start, c.end, c.text()) for c in cues]

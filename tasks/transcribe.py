@@ -16,60 +16,96 @@ WHISPER_WINDOW_S = 30.0  # Whisper hears 30 s at a time; a longer chunk would be
 
 @dataclass(frozen=True)
 class Options:
-    language: str | None = option(None, "--language", metavar="CODE",
-                                  help="Spoken language as a code (en, de, fr, ...); default: English "
-                                       "for .en models, detected from the first speech otherwise.")
-    task: str = option("transcribe", "--task", choices=("transcribe", "translate"),
-                       help="transcribe keeps the spoken language; translate outputs English "
-                            "(multilingual Whisper only).")
-    chunk_s: float = option(30.0, "--chunk-s",
-                            help="Longest piece Whisper hears at once, in seconds. On ctranslate2 each "
-                                 "piece starts at the last timestamp decoded (faster-whisper's seek); "
-                                 "elsewhere each cut falls in the quietest moment of its last seconds.")
-    vad: bool = option(True, "--vad",
-                       help="Skip non-speech with voice-activity detection (Silero): faster on "
-                            "meetings, and silence yields no invented words.")
-    beam_size: int | None = option(None, "--beam-size",
-                                   help="Beam width for Whisper (1 = greedy, the default: beam 5 was "
-                                        "within 0.5 WER points of it on the project's speech samples "
-                                        "and about half as fast; see the README's Performance section).")
-    batch_size: int = option(1, "--batch-size",
-                             help="Windows of a long file decoded as one batch after its first (ctranslate2 "
-                                  "and transformers; faster on long audio on a GPU or many cores, but windows "
-                                  "in a batch get no previous-text prompt).")
-    word_timestamps: bool = option(False, "--word-timestamps",
-                                   help="Also give each word's start and end; srt/vtt cues are then "
-                                        "cut at the words' own times (estimated from the segment's "
-                                        "without it).")
-    allow_partial: bool = option(False, "--allow-partial",
-                                 help="Accept a recording cut short or damaged (it holds less than its "
-                                      "header declares): its readable part is transcribed either way, "
-                                      "with a warning and the job logged as partial; without this the "
-                                      "command then exits non-zero.")
-    max_line_width: int = option(42, "--max-line-width",
-                                 help="srt/vtt: longest subtitle line, in characters (42: the broadcast "
-                                      "convention); 0 keeps one cue per decoded segment, unwrapped.")
+    language: str | None = option(
+        None,
+        "--language",
+        metavar="CODE",
+        help="Spoken language as a code (en, de, fr, ...); default: English "
+        "for .en models, detected from the first speech otherwise.",
+    )
+    task: str = option(
+        "transcribe",
+        "--task",
+        choices=("transcribe", "translate"),
+        help="transcribe keeps the spoken language; translate outputs English (multilingual Whisper only).",
+    )
+    chunk_s: float = option(
+        30.0,
+        "--chunk-s",
+        help="Longest piece Whisper hears at once, in seconds. On ctranslate2 each "
+        "piece starts at the last timestamp decoded (faster-whisper's seek); "
+        "elsewhere each cut falls in the quietest moment of its last seconds.",
+    )
+    vad: bool = option(
+        True,
+        "--vad",
+        help="Skip non-speech with voice-activity detection (Silero): faster on "
+        "meetings, and silence yields no invented words.",
+    )
+    beam_size: int | None = option(
+        None,
+        "--beam-size",
+        help="Beam width for Whisper (1 = greedy, the default: beam 5 was "
+        "within 0.5 WER points of it on the project's speech samples "
+        "and about half as fast; see the README's Performance section).",
+    )
+    batch_size: int = option(
+        1,
+        "--batch-size",
+        help="Windows of a long file decoded as one batch after its first (ctranslate2 "
+        "and transformers; faster on long audio on a GPU or many cores, but windows "
+        "in a batch get no previous-text prompt).",
+    )
+    word_timestamps: bool = option(
+        False,
+        "--word-timestamps",
+        help="Also give each word's start and end; srt/vtt cues are then "
+        "cut at the words' own times (estimated from the segment's "
+        "without it).",
+    )
+    allow_partial: bool = option(
+        False,
+        "--allow-partial",
+        help="Accept a recording cut short or damaged (it holds less than its "
+        "header declares): its readable part is transcribed either way, "
+        "with a warning and the job logged as partial; without this the "
+        "command then exits non-zero.",
+    )
+    max_line_width: int = option(
+        42,
+        "--max-line-width",
+        help="srt/vtt: longest subtitle line, in characters (42: the broadcast "
+        "convention); 0 keeps one cue per decoded segment, unwrapped.",
+    )
     max_line_count: int = option(2, "--max-line-count", help="srt/vtt: lines per cue.")
     max_cue_s: float = option(6.0, "--max-cue-s", help="srt/vtt: longest time one cue stays on screen, seconds.")
-    highlight_words: bool = option(False, "--highlight-words",
-                                   help="srt/vtt karaoke style: each cue is repeated per word with the "
-                                        "word being spoken underlined (turns on --word-timestamps).")
+    highlight_words: bool = option(
+        False,
+        "--highlight-words",
+        help="srt/vtt karaoke style: each cue is repeated per word with the "
+        "word being spoken underlined (turns on --word-timestamps).",
+    )
 
     def __post_init__(self):
         if self.language is not None:
-            require(bool(re.fullmatch(r"[a-z]{2,3}", self.language)),
-                    f"--language takes a language code such as en or de (got '{self.language}')")
-        require(self.task in ("transcribe", "translate"),
-                f"--task must be transcribe or translate (got '{self.task}')")
-        require(1.0 <= self.chunk_s <= WHISPER_WINDOW_S,
-                f"--chunk-s must be between 1 and {WHISPER_WINDOW_S:g} seconds, the length Whisper "
-                f"hears at once (got {self.chunk_s:g}); long files are chunked automatically")
-        require(self.beam_size is None or 1 <= self.beam_size <= 16,
-                f"--beam-size must be 1 to 16 (got {self.beam_size})")
+            require(
+                bool(re.fullmatch(r"[a-z]{2,3}", self.language)),
+                f"--language takes a language code such as en or de (got '{self.language}')",
+            )
+        require(self.task in ("transcribe", "translate"), f"--task must be transcribe or translate (got '{self.task}')")
+        require(
+            1.0 <= self.chunk_s <= WHISPER_WINDOW_S,
+            f"--chunk-s must be between 1 and {WHISPER_WINDOW_S:g} seconds, the length Whisper "
+            f"hears at once (got {self.chunk_s:g}); long files are chunked automatically",
+        )
+        require(
+            self.beam_size is None or 1 <= self.beam_size <= 16, f"--beam-size must be 1 to 16 (got {self.beam_size})"
+        )
         require(1 <= self.batch_size <= 64, f"--batch-size must be 1 to 64 windows (got {self.batch_size})")
-        require(self.max_line_width == 0 or self.max_line_width >= 10,
-                f"--max-line-width must be at least 10 characters, or 0 for unwrapped cues "
-                f"(got {self.max_line_width})")
+        require(
+            self.max_line_width == 0 or self.max_line_width >= 10,
+            f"--max-line-width must be at least 10 characters, or 0 for unwrapped cues (got {self.max_line_width})",
+        )
         require(self.max_line_count >= 1, f"--max-line-count must be at least 1 (got {self.max_line_count})")
         require(self.max_cue_s >= 1.0, f"--max-cue-s must be at least 1 second (got {self.max_cue_s:g})")
         if self.highlight_words:  # underlining a word needs its time
@@ -112,8 +148,11 @@ Result = Transcript
 class Metrics:
     audio_s: float = metric("length of all decoded audio, seconds")
     rtf: float = metric("processing time (read + resample + VAD + decode) ÷ audio_s; lower is faster")
-    chunks: int = metric("pieces handed to the model, silent ones skipped (on ctranslate2 a piece is up to "
-                         "5 min of speech, which faster-whisper walks in 30 s windows)", 0)
+    chunks: int = metric(
+        "pieces handed to the model, silent ones skipped (on ctranslate2 a piece is up to "
+        "5 min of speech, which faster-whisper walks in 30 s windows)",
+        0,
+    )
     words: int = metric("words in all transcripts", 0)
     speech_s: float | None = metric("audio that voice-activity detection kept as speech (with --vad)", None)
     rtf_speech: float | None = metric("processing time ÷ speech_s (with --vad)", None)
@@ -211,10 +250,12 @@ TASK = TranscribeTask(
     name="transcribe",
     summary="Turn speech recordings into text with timestamps (long files are chunked).",
     takes="audio files (wav, flac, ogg, mp3, m4a/mp4/aac, opus, webm; video files' sound track; any "
-          "sample rate and channel count) or folders of them",
+    "sample rate and channel count) or folders of them",
     returns="a transcript per file with timed segments; --format txt|json|srt|vtt (subtitles shaped to "
-            "--max-line-width, --max-line-count, --max-cue-s), -o FILE",
-    Options=Options, Result=Result, Metrics=Metrics,
+    "--max-line-width, --max-line-count, --max-cue-s), -o FILE",
+    Options=Options,
+    Result=Result,
+    Metrics=Metrics,
     input_kinds=("audio",),
     model_kinds="a speech-recognition model such as whisper-tiny.en",
     formats=("text", "json", "txt", "srt", "vtt"),

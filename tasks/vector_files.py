@@ -10,7 +10,8 @@ from __future__ import annotations
 import csv
 import io
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 
 def _matrix(vectors: Sequence[Any]):
@@ -37,8 +38,10 @@ def to_npy(texts: list[str], vectors: Sequence[Any]) -> bytes:
 
 def to_jsonl(texts: list[str], vectors: Sequence[Any]) -> str:
     """One ``{"text": ..., "vector": [...]}`` object per line (``pandas.read_json(lines=True)``)."""
-    lines = [f'{{"text": {json.dumps(t, ensure_ascii=False)}, "vector": [{", ".join(_numbers(v, json_null=True))}]}}'
-             for t, v in zip(texts, _matrix(vectors))]
+    lines = [
+        f'{{"text": {json.dumps(t, ensure_ascii=False)}, "vector": [{", ".join(_numbers(v, json_null=True))}]}}'
+        for t, v in zip(texts, _matrix(vectors))
+    ]
     return "".join(line + "\n" for line in lines)
 
 
@@ -62,8 +65,7 @@ def to_parquet(texts: list[str], vectors: Sequence[Any]) -> bytes:
     except ImportError:
         from taskrun.tasks.base import TaskError
 
-        raise TaskError("-o .parquet needs pyarrow: pip install pyarrow (or write .npy, .jsonl "
-                        "or .csv)") from None
+        raise TaskError("-o .parquet needs pyarrow: pip install pyarrow (or write .npy, .jsonl or .csv)") from None
     m = _matrix(vectors)
     column = pa.FixedSizeListArray.from_arrays(pa.array(m.reshape(-1), pa.float32()), m.shape[1])
     table = pa.table({"text": pa.array(texts, pa.string()), "vector": column})

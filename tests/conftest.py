@@ -70,8 +70,7 @@ class _NoWeights:
     @classmethod
     def find_spec(cls, name, path=None, target=None):
         if name.partition(".")[0] in cls.packages:
-            raise ModuleNotFoundError(f"{name} is hidden from the fast tier (mark the test `real`)",
-                                      name=name)
+            raise ModuleNotFoundError(f"{name} is hidden from the fast tier (mark the test `real`)", name=name)
         return None
 
 

@@ -40,10 +40,20 @@ def build_slow_llama(root: Path) -> Path:
     tok.model_max_length = 8192
     tok.save_pretrained(folder)
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=256, intermediate_size=512, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
-                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                      pad_token_id=tok.pad_token_id, tie_word_embeddings=False, initializer_range=0.3)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=False,
+        initializer_range=0.3,
+    )
     model = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():
         model.lm_head.weight[tok.eos_token_id] = 0
@@ -55,12 +65,14 @@ def build_slow_llama(root: Path) -> Path:
 def tiny_aliases(root: Path) -> dict[str, dict]:
     from tests.tiny import bert, generate, vision, whisper
 
-    return {"tiny-llama": {"local": str(generate.build(root))},
-            "slow-llama": {"local": str(build_slow_llama(root))},
-            "tiny-bert": {"local": str(bert.build(root))},
-            "tiny-whisper": {"local": str(whisper.build_ct2(root))},
-            "tiny-yolos": {"local": str(vision.build_yolos(root))},
-            **_tiny_gguf(root)}
+    return {
+        "tiny-llama": {"local": str(generate.build(root))},
+        "slow-llama": {"local": str(build_slow_llama(root))},
+        "tiny-bert": {"local": str(bert.build(root))},
+        "tiny-whisper": {"local": str(whisper.build_ct2(root))},
+        "tiny-yolos": {"local": str(vision.build_yolos(root))},
+        **_tiny_gguf(root),
+    }
 
 
 def _tiny_gguf(root: Path) -> dict[str, dict]:
@@ -89,9 +101,15 @@ def models_toml(aliases: dict[str, dict], folder: Path) -> Path:
 
     shipped = _load_config(str(CONFIG_DIR / "models.toml"))
     models = {**aliases, "digits-ddpm": shipped["models"]["digits-ddpm"]}
-    defaults = {"embed": "tiny-bert", "search": "tiny-bert", "classify:text": "tiny-bert",
-                "generate": "tiny-llama", "summarize": "tiny-llama", "transcribe": "tiny-whisper",
-                "image": "digits-ddpm"}
+    defaults = {
+        "embed": "tiny-bert",
+        "search": "tiny-bert",
+        "classify:text": "tiny-bert",
+        "generate": "tiny-llama",
+        "summarize": "tiny-llama",
+        "transcribe": "tiny-whisper",
+        "image": "digits-ddpm",
+    }
     lines = ["[defaults]"] + [f"{json.dumps(k)} = {json.dumps(v)}" for k, v in defaults.items()]
     for name, entry in models.items():
         lines.append(f"\n[models.{json.dumps(name)}]")
@@ -116,9 +134,14 @@ class Server:
         self.env = env
         self.log_db = env["TASKRUN_LOG_DB"]
         self.log_file = folder / f"serve-{self.port}.log"
-        self._err = open(self.log_file, "wb")  # noqa: SIM115  the server's stderr, closed by stop()
-        self.proc = subprocess.Popen([RUN, "serve", "--port", str(self.port), *args], env=env, cwd=folder,
-                                     stdout=self._err, stderr=subprocess.STDOUT)
+        self._err = open(self.log_file, "wb")
+        self.proc = subprocess.Popen(
+            [RUN, "serve", "--port", str(self.port), *args],
+            env=env,
+            cwd=folder,
+            stdout=self._err,
+            stderr=subprocess.STDOUT,
+        )
 
     def wait_healthy(self, timeout: float = 90.0) -> None:
         deadline = time.monotonic() + timeout
@@ -149,9 +172,14 @@ class Server:
 
 def server_env(folder: Path, cache: Path, toml: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env.update(TASKRUN_LOG_DB=str(folder / "runs.db"), TASKRUN_CACHE_DIR=str(cache),
-               TASKRUN_MODELS_TOML=str(toml), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false")
+    env.update(
+        TASKRUN_LOG_DB=str(folder / "runs.db"),
+        TASKRUN_CACHE_DIR=str(cache),
+        TASKRUN_MODELS_TOML=str(toml),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
     env.pop("TASKRUN_API_KEY", None)
     env.pop("TASKRUN_DEBUG", None)
     return env
@@ -193,9 +221,10 @@ def servers(serve_env, session_cache):
     reads 1 MB bodies at most, and preloads the slow model its queue test fills."""
     folder, toml, docs = serve_env
     made = []
-    for name, args in (("open", ("--preload", "tiny-llama", "--preload", "tiny-bert", "--corpus", f"docs={docs}")),
-                       ("keyed", ("--api-key", KEY, "--max-queue", "1", "--max-body-mb", "1",
-                                  "--preload", "slow-llama"))):
+    for name, args in (
+        ("open", ("--preload", "tiny-llama", "--preload", "tiny-bert", "--corpus", f"docs={docs}")),
+        ("keyed", ("--api-key", KEY, "--max-queue", "1", "--max-body-mb", "1", "--preload", "slow-llama")),
+    ):
         d = folder / name
         d.mkdir()
         made.append(Server(d, server_env(d, session_cache, toml), *args))

@@ -32,8 +32,16 @@ FORMATS = {
 }
 
 
-def encode(x: np.ndarray, sr: int, path: Path, fmt: str, codec: str | None, rate: int | None = None,
-           video: str | None = None, options: dict | None = None) -> Path:
+def encode(
+    x: np.ndarray,
+    sr: int,
+    path: Path,
+    fmt: str,
+    codec: str | None,
+    rate: int | None = None,
+    video: str | None = None,
+    options: dict | None = None,
+) -> Path:
     """Mono float samples → a file in ``fmt`` with PyAV (FFmpeg's encoders in its wheel)."""
     import av
 
@@ -45,8 +53,9 @@ def encode(x: np.ndarray, sr: int, path: Path, fmt: str, codec: str | None, rate
         step = sr // 5
         for k, i in enumerate(range(0, len(x), step)):
             if a is not None:
-                f = av.AudioFrame.from_ndarray((x[None, i:i + step] * 32767).astype(np.int16), format="s16",
-                                               layout="mono")
+                f = av.AudioFrame.from_ndarray(
+                    (x[None, i : i + step] * 32767).astype(np.int16), format="s16", layout="mono"
+                )
                 f.sample_rate, f.pts, f.time_base = sr, i, Fraction(1, sr)
                 for p in a.encode(f):
                     out.mux(p)
@@ -54,7 +63,7 @@ def encode(x: np.ndarray, sr: int, path: Path, fmt: str, codec: str | None, rate
                 for p in v.encode(av.VideoFrame.from_ndarray(np.full((48, 64, 3), k % 256, np.uint8), "rgb24")):
                     out.mux(p)
         for s in (a, v):
-            for p in (s.encode(None) if s is not None else ()):
+            for p in s.encode(None) if s is not None else ():
                 out.mux(p)
     return path
 
@@ -76,9 +85,9 @@ def test_each_container_is_sniffed_decoded_and_resampled(name, tmp_path):
     assert sniff(path) == "audio"
     y = audio.read_audio(path, SR)
     assert y.dtype == np.float32 and abs(len(y) / SR - 3.0) < 0.15  # codec priming and padding
-    mid = y[SR // 2: SR // 2 + SR]  # 1 s → 1 Hz bins
+    mid = y[SR // 2 : SR // 2 + SR]  # 1 s → 1 Hz bins
     assert abs(int(np.argmax(np.abs(np.fft.rfft(mid)))) - 1000) <= 1
-    assert np.sqrt(np.mean(mid ** 2)) == pytest.approx(0.3 / np.sqrt(2), rel=0.1)
+    assert np.sqrt(np.mean(mid**2)) == pytest.approx(0.3 / np.sqrt(2), rel=0.1)
 
 
 def test_pyav_blocks_stay_bounded_and_tile_the_stream(tmp_path):

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+
 from taskrun.runner.cli import main
 from taskrun.runner.runlog.store import RunLog
-
 from tests.tiny.bert import build as build_bert
 from tests.tiny.whisper import build_ct2, clip
 
@@ -53,16 +53,24 @@ def whisper(tiny_dir) -> str:
 
 
 def test_taskrun_jobs_good_and_bad_items(bert, tmp_path):
-    jobs = write_jsonl(tmp_path / "jobs.jsonl", [
-        {"id": "a", "task": "embed", "input": "the cat", "model": bert},
-        {"id": 7, "task": "embed", "input": "a dog", "model": bert},
-        {"task": "embed", "input": ["the kitten", "stock prices"], "model": bert},  # no id: line-3
-        {"id": "opt", "task": "embed", "input": "x", "model": bert, "options": {"nope": 1}},
-        {"id": "gone", "task": "transcribe", "input": "recordings/missing.wav"},
-        {"id": "typo", "task": "embedd", "input": "x"},
-        {"id": "cls", "task": "classify", "input": "good movie", "model": bert,
-         "options": {"labels": ["good", "bad"]}},
-    ])
+    jobs = write_jsonl(
+        tmp_path / "jobs.jsonl",
+        [
+            {"id": "a", "task": "embed", "input": "the cat", "model": bert},
+            {"id": 7, "task": "embed", "input": "a dog", "model": bert},
+            {"task": "embed", "input": ["the kitten", "stock prices"], "model": bert},  # no id: line-3
+            {"id": "opt", "task": "embed", "input": "x", "model": bert, "options": {"nope": 1}},
+            {"id": "gone", "task": "transcribe", "input": "recordings/missing.wav"},
+            {"id": "typo", "task": "embedd", "input": "x"},
+            {
+                "id": "cls",
+                "task": "classify",
+                "input": "good movie",
+                "model": bert,
+                "options": {"labels": ["good", "bad"]},
+            },
+        ],
+    )
     r = batch(jobs, "-o", tmp_path / "out.jsonl")
     assert r.exit_code == 1 and "3 item(s) failed" in r.output
     lines = {x["id"]: x for x in read_jsonl(tmp_path / "out.jsonl")}
@@ -90,14 +98,30 @@ def test_taskrun_jobs_good_and_bad_items(bert, tmp_path):
 def test_openai_batch_requests(bert, tmp_path):
     from openai.types import CreateEmbeddingResponse
 
-    reqs = write_jsonl(tmp_path / "requests.jsonl", [
-        {"custom_id": "one", "method": "POST", "url": "/v1/embeddings", "body": {"model": bert, "input": "the cat"}},
-        {"custom_id": "two", "method": "POST", "url": "/v1/embeddings",
-         "body": {"model": bert, "input": ["a dog", "the kitten"], "encoding_format": "base64"}},
-        {"custom_id": "dims", "method": "POST", "url": "/v1/embeddings",
-         "body": {"model": bert, "input": "x", "dimensions": 8}},
-        {"custom_id": "where", "method": "POST", "url": "/v1/nowhere", "body": {}},
-    ])
+    reqs = write_jsonl(
+        tmp_path / "requests.jsonl",
+        [
+            {
+                "custom_id": "one",
+                "method": "POST",
+                "url": "/v1/embeddings",
+                "body": {"model": bert, "input": "the cat"},
+            },
+            {
+                "custom_id": "two",
+                "method": "POST",
+                "url": "/v1/embeddings",
+                "body": {"model": bert, "input": ["a dog", "the kitten"], "encoding_format": "base64"},
+            },
+            {
+                "custom_id": "dims",
+                "method": "POST",
+                "url": "/v1/embeddings",
+                "body": {"model": bert, "input": "x", "dimensions": 8},
+            },
+            {"custom_id": "where", "method": "POST", "url": "/v1/nowhere", "body": {}},
+        ],
+    )
     r = batch(reqs, "-o", tmp_path / "out.jsonl")
     assert r.exit_code == 1
     lines = {x["custom_id"]: x for x in read_jsonl(tmp_path / "out.jsonl")}
@@ -110,8 +134,9 @@ def test_openai_batch_requests(bert, tmp_path):
     vec = cli_json("embed", "the cat", "-m", bert)["items"][0]["result"]["vector"]
     assert one.data[0].embedding == pytest.approx(vec, abs=1e-6)
     dog = np.frombuffer(base64.b64decode(two[0]["embedding"]), dtype="<f4")
-    assert dog.tolist() == pytest.approx(cli_json("embed", "a dog", "-m", bert)["items"][0]["result"]["vector"],
-                                         abs=1e-6)
+    assert dog.tolist() == pytest.approx(
+        cli_json("embed", "a dog", "-m", bert)["items"][0]["result"]["vector"], abs=1e-6
+    )
     assert lines["dims"]["response"]["status_code"] == 400
     assert lines["dims"]["response"]["body"]["error"]["param"] == "dimensions"
     assert lines["where"]["response"]["status_code"] == 404
@@ -127,8 +152,20 @@ def test_a_folder_of_recordings(whisper, tiny_dir, tmp_path):
     (rec / "broken.wav").write_bytes(b"RIFF\x24\x00\x00\x00WAVEfmt " + b"\x00" * 20)  # a header, no audio
     srt = tmp_path / "srt"
     srt.mkdir()
-    r = batch("transcribe", rec, "-o", tmp_path / "out.jsonl", "-m", whisper, "--out-dir", srt, "--workers", "1",
-              "-O", "language=en")
+    r = batch(
+        "transcribe",
+        rec,
+        "-o",
+        tmp_path / "out.jsonl",
+        "-m",
+        whisper,
+        "--out-dir",
+        srt,
+        "--workers",
+        "1",
+        "-O",
+        "language=en",
+    )
     assert r.exit_code == 1, r.output
     lines = {x["id"]: x for x in read_jsonl(tmp_path / "out.jsonl")}
     assert set(lines) == {"a.wav", "sub/b.wav", "broken.wav"}
@@ -137,8 +174,12 @@ def test_a_folder_of_recordings(whisper, tiny_dir, tmp_path):
     # its words differ run to run; tests/test_batch_ray.py compares real transcripts word for word.
     want = cli_json("transcribe", rec / "a.wav", "-m", whisper, "--language", "en")["items"][0]["result"]
     got = lines["a.wav"]["result"]
-    assert set(got) == set(want) and {k: got[k] for k in ("source", "language", "audio_s")} == \
-        {k: want[k] for k in ("source", "language", "audio_s")} and got["segments"]
+    assert (
+        set(got) == set(want)
+        and {k: got[k] for k in ("source", "language", "audio_s")}
+        == {k: want[k] for k in ("source", "language", "audio_s")}
+        and got["segments"]
+    )
     assert lines["a.wav"]["metrics"]["rtf"] > 0 and lines["a.wav"]["metrics"]["job_items"] == 1
     assert lines["sub/b.wav"]["files"] == [str(srt / "sub" / "b.wav.srt")]
     assert (srt / "sub" / "b.wav.srt").read_text().startswith("1\n00:00:")
@@ -153,18 +194,27 @@ def test_a_text_file_is_one_item_per_line(bert, tmp_path):
 
 
 def test_duplicate_ids_are_refused_before_anything_loads(tmp_path):
-    jobs = write_jsonl(tmp_path / "jobs.jsonl", [{"id": "x", "task": "embed", "input": "a"},
-                                                 {"id": "y", "task": "embed", "input": "b"},
-                                                 {"id": "x", "task": "embed", "input": "c"}])
+    jobs = write_jsonl(
+        tmp_path / "jobs.jsonl",
+        [
+            {"id": "x", "task": "embed", "input": "a"},
+            {"id": "y", "task": "embed", "input": "b"},
+            {"id": "x", "task": "embed", "input": "c"},
+        ],
+    )
     r = batch(jobs, "-o", tmp_path / "out.jsonl")
     assert r.exit_code != 0 and "id 'x' is on line 1 and line 3" in r.output
     assert not (tmp_path / "out.jsonl").exists() and RunLog().count() == 0
 
 
 def test_a_file_holds_one_format(tmp_path):
-    jobs = write_jsonl(tmp_path / "jobs.jsonl", [
-        {"id": "x", "task": "embed", "input": "a"},
-        {"custom_id": "y", "method": "POST", "url": "/v1/embeddings", "body": {"input": "b"}}])
+    jobs = write_jsonl(
+        tmp_path / "jobs.jsonl",
+        [
+            {"id": "x", "task": "embed", "input": "a"},
+            {"custom_id": "y", "method": "POST", "url": "/v1/embeddings", "body": {"input": "b"}},
+        ],
+    )
     r = batch(jobs, "-o", tmp_path / "out.jsonl")
     assert r.exit_code != 0 and "line 2 is an OpenAI Batch request but line 1 is a taskrun job" in r.output
     (tmp_path / "bad.jsonl").write_text('{"id": "x", "task": "embed", "input": "a"}\n{"id": \n')
@@ -174,9 +224,13 @@ def test_a_file_holds_one_format(tmp_path):
 
 def test_rerun_skips_done_ids_and_retry_failed_runs_the_failed_again(bert, tmp_path):
     (tmp_path / "late.txt").write_text("the cat")  # a text file: embed reads it once it exists
-    jobs = write_jsonl(tmp_path / "jobs.jsonl", [
-        {"id": "a", "task": "embed", "input": "the cat", "model": bert},
-        {"id": "b", "task": "embed", "input": {"path": str(tmp_path / "later.txt")}, "model": bert}])
+    jobs = write_jsonl(
+        tmp_path / "jobs.jsonl",
+        [
+            {"id": "a", "task": "embed", "input": "the cat", "model": bert},
+            {"id": "b", "task": "embed", "input": {"path": str(tmp_path / "later.txt")}, "model": bert},
+        ],
+    )
     out = tmp_path / "out.jsonl"
     assert batch(jobs, "-o", out).exit_code == 1
     first = read_jsonl(out)
@@ -199,14 +253,33 @@ def test_openai_chat_lines_and_a_prompt_over_the_window(tiny_dir, tmp_path):
 
     llama = str(build(tiny_dir))
     long = " ".join(["The meeting decided to ship the release on Friday."] * CONTEXT)
-    reqs = write_jsonl(tmp_path / "requests.jsonl", [
-        {"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions",
-         "body": {"model": llama, "max_tokens": 4, "messages": [{"role": "user", "content": "What is the capital?"}]}},
-        {"custom_id": "long", "method": "POST", "url": "/v1/completions",
-         "body": {"model": llama, "max_tokens": 4, "prompt": long}},
-        {"custom_id": "streamed", "method": "POST", "url": "/v1/chat/completions",
-         "body": {"model": llama, "stream": True, "messages": [{"role": "user", "content": "hi"}]}},
-    ])
+    reqs = write_jsonl(
+        tmp_path / "requests.jsonl",
+        [
+            {
+                "custom_id": "chat",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {
+                    "model": llama,
+                    "max_tokens": 4,
+                    "messages": [{"role": "user", "content": "What is the capital?"}],
+                },
+            },
+            {
+                "custom_id": "long",
+                "method": "POST",
+                "url": "/v1/completions",
+                "body": {"model": llama, "max_tokens": 4, "prompt": long},
+            },
+            {
+                "custom_id": "streamed",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"model": llama, "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+            },
+        ],
+    )
     r = batch(reqs, "-o", tmp_path / "out.jsonl")
     assert r.exit_code == 1, r.output
     lines = {x["custom_id"]: x for x in read_jsonl(tmp_path / "out.jsonl")}
@@ -221,30 +294,57 @@ def test_image_jobs_write_their_pngs_named_by_id(tiny_dir, tmp_path):
     from tests.tiny.sd import build
 
     sd = str(build(tiny_dir))
-    jobs = write_jsonl(tmp_path / "jobs.jsonl", [
-        {"id": "fox", "task": "image", "input": "a red fox", "model": sd, "options": {"steps": 2, "seed": 0, "n": 2}},
-        {"id": "big", "task": "image", "input": "a cat", "model": sd, "options": {"size": "100000x100000"}}])
+    jobs = write_jsonl(
+        tmp_path / "jobs.jsonl",
+        [
+            {
+                "id": "fox",
+                "task": "image",
+                "input": "a red fox",
+                "model": sd,
+                "options": {"steps": 2, "seed": 0, "n": 2},
+            },
+            {"id": "big", "task": "image", "input": "a cat", "model": sd, "options": {"size": "100000x100000"}},
+        ],
+    )
     pngs = tmp_path / "png"
     pngs.mkdir()
     r = batch(jobs, "-o", tmp_path / "out.jsonl", "--out-dir", pngs)
     assert r.exit_code == 1, r.output
     lines = {x["id"]: x for x in read_jsonl(tmp_path / "out.jsonl")}
     files = [str(pngs / "fox-1.png"), str(pngs / "fox-2.png")]
-    assert lines["fox"]["files"] == files and [im["files"] for im in lines["fox"]["result"]["images"]] == \
-        [[f] for f in files]
+    assert lines["fox"]["files"] == files and [im["files"] for im in lines["fox"]["result"]["images"]] == [
+        [f] for f in files
+    ]
     assert all(Path(f).read_bytes().startswith(b"\x89PNG") for f in files)
     assert lines["big"]["status"] == "failed" and "--size" in lines["big"]["error"]
 
 
 def test_openai_audio_lines_read_files_by_path(whisper, tiny_dir, tmp_path):
     audio = str(clip(tiny_dir))
-    reqs = write_jsonl(tmp_path / "requests.jsonl", [
-        {"custom_id": "srt", "method": "POST", "url": "/v1/audio/transcriptions",
-         "body": {"model": whisper, "file": audio, "language": "en", "response_format": "srt"}},
-        {"custom_id": "json", "method": "POST", "url": "/v1/audio/transcriptions",
-         "body": {"model": whisper, "file": audio, "language": "en"}},
-        {"custom_id": "gone", "method": "POST", "url": "/v1/audio/transcriptions",
-         "body": {"model": whisper, "file": str(tmp_path / "gone.wav")}}])
+    reqs = write_jsonl(
+        tmp_path / "requests.jsonl",
+        [
+            {
+                "custom_id": "srt",
+                "method": "POST",
+                "url": "/v1/audio/transcriptions",
+                "body": {"model": whisper, "file": audio, "language": "en", "response_format": "srt"},
+            },
+            {
+                "custom_id": "json",
+                "method": "POST",
+                "url": "/v1/audio/transcriptions",
+                "body": {"model": whisper, "file": audio, "language": "en"},
+            },
+            {
+                "custom_id": "gone",
+                "method": "POST",
+                "url": "/v1/audio/transcriptions",
+                "body": {"model": whisper, "file": str(tmp_path / "gone.wav")},
+            },
+        ],
+    )
     r = batch(reqs, "-o", tmp_path / "out.jsonl")
     assert r.exit_code == 1, r.output
     lines = {x["custom_id"]: x for x in read_jsonl(tmp_path / "out.jsonl")}

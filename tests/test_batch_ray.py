@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-from taskrun.runner.commands.batch import _workers
-from taskrun.runner.batch.run import Request, run_batch
 
+from taskrun.runner.batch.run import Request, run_batch
+from taskrun.runner.commands.batch import _workers
 from tests.test_batch import read_jsonl, write_jsonl
 from tests.tiny.bert import build as build_bert
 from tests.tiny.whisper import SAMPLES, build_ct2, clip
@@ -47,7 +47,7 @@ def _address(hex_addr: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
     raw = bytes.fromhex(hex_addr)
     if len(raw) == 4:
         return ipaddress.IPv4Address(raw[::-1])
-    return ipaddress.IPv6Address(b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4)))
+    return ipaddress.IPv6Address(b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4)))
 
 
 def listening(pids: set[int]) -> set[str]:
@@ -108,9 +108,11 @@ def run(inputs, output, **kw):
 
 def test_ray_gives_the_local_lines_and_listens_on_loopback_only(ray_session, tiny_dir, tmp_path):
     bert = str(build_bert(tiny_dir))
-    jobs = write_jsonl(tmp_path / "jobs.jsonl",
-                       [{"id": f"e{i}", "task": "embed", "input": f"the cat {i}", "model": bert} for i in range(12)]
-                       + [{"id": "bad", "task": "embed", "input": "x", "model": bert, "options": {"nope": 1}}])
+    jobs = write_jsonl(
+        tmp_path / "jobs.jsonl",
+        [{"id": f"e{i}", "task": "embed", "input": f"the cat {i}", "model": bert} for i in range(12)]
+        + [{"id": "bad", "task": "embed", "input": "x", "model": bert, "options": {"nope": 1}}],
+    )
     local = run([jobs], tmp_path / "local.jsonl")
     seen: set[str] = set()
     stop = threading.Event()
@@ -159,8 +161,11 @@ def test_killing_a_worker_mid_batch_loses_and_doubles_nothing(ray_session, tiny_
         shutil.copy(clip(tiny_dir), rec / f"c{i}.wav")
     out = tmp_path / "out.jsonl"
     result: dict = {}
-    worker = threading.Thread(target=lambda: result.update(o=run(
-        ["transcribe", rec], out, engine="ray", model=whisper, options={"beam_size": 1, "language": "en"})))
+    worker = threading.Thread(
+        target=lambda: result.update(
+            o=run(["transcribe", rec], out, engine="ray", model=whisper, options={"beam_size": 1, "language": "en"})
+        )
+    )
     worker.start()
     killed, deadline = None, time.monotonic() + 180
     while killed is None and worker.is_alive() and time.monotonic() < deadline:
@@ -182,13 +187,14 @@ def test_real_transcripts_are_identical_on_both_engines_and_the_cli(ray_session,
 
     import soundfile as sf
     from click.testing import CliRunner
+
     from taskrun.runner.cli import main
 
     rec = tmp_path / "rec"
     rec.mkdir()
     audio, sr = sf.read(SAMPLES / "meeting.wav", dtype="int16")
     for i, (a, b) in enumerate([(9.3, 12.7), (20.0, 26.0)]):
-        sf.write(rec / f"clip{i}.wav", audio[int(a * sr):int(b * sr)], sr, subtype="PCM_16")
+        sf.write(rec / f"clip{i}.wav", audio[int(a * sr) : int(b * sr)], sr, subtype="PCM_16")
     local = run(["transcribe", rec], tmp_path / "local.jsonl", workers="1")
     ray = run(["transcribe", rec], tmp_path / "ray.jsonl", engine="ray")
     assert local.ok == ray.ok == 2

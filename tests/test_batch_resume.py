@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+
 from taskrun.runner.batch.journal import Journal
 from taskrun.runner.cli import main
 from taskrun.runner.runlog.store import RunLog
-
 from tests.test_batch import RUN, read_jsonl, write_jsonl
 from tests.tiny.bert import build as build_bert
 from tests.tiny.whisper import build_ct2, clip
@@ -28,12 +28,15 @@ def one_thread() -> dict:
     second one, and on a busy machine torch's thread hand-offs dominate their run time."""
     return dict(os.environ, TASKRUN_THREADS="1")
 
+
 WORDS = ["the", "cat", "dog", "kitten", "stock", "price", "movie", "good", "bad"]
 
 
 def embed_jobs(path: Path, n: int, model: str) -> Path:
-    rows = [{"id": f"s{i}", "task": "embed", "input": f"{WORDS[i % 9]} {WORDS[(i // 9) % 9]} {i}", "model": model}
-            for i in range(n)]
+    rows = [
+        {"id": f"s{i}", "task": "embed", "input": f"{WORDS[i % 9]} {WORDS[(i // 9) % 9]} {i}", "model": model}
+        for i in range(n)
+    ]
     return write_jsonl(path, rows)
 
 
@@ -56,7 +59,7 @@ def test_kill_9_mid_batch_then_rerun_gives_every_id_once(bert, tmp_path):
     assert proc.returncode == -9, proc.stderr.read().decode()
     written = out.read_bytes()
     assert 8 <= written.count(b"\n") < 240, "the kill did not land mid-batch"
-    whole = written[:written.rfind(b"\n") + 1]
+    whole = written[: written.rfind(b"\n") + 1]
     assert all(json.loads(line)["status"] == "ok" for line in whole.splitlines())  # nothing half-written
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=one_thread())
     assert again.returncode == 0, again.stderr
@@ -106,8 +109,9 @@ def test_another_batchs_output_is_not_resumed(tmp_path):
 
 
 def peak_rss_mb(jobs: Path, out: Path) -> float:
-    r = subprocess.run([RUN, "batch", str(jobs), "-o", str(out), "-q"], capture_output=True, text=True,
-                       timeout=300, env=one_thread())
+    r = subprocess.run(
+        [RUN, "batch", str(jobs), "-o", str(out), "-q"], capture_output=True, text=True, timeout=300, env=one_thread()
+    )
     assert r.returncode == 0, r.stderr
     return max(x["metrics"]["peak_rss_mb"] for x in read_jsonl(out))
 
@@ -126,8 +130,24 @@ def test_a_pool_of_processes_writes_the_same_lines(tiny_dir, tmp_path):
     for name in ("a", "b", "c"):
         shutil.copy(clip(tiny_dir), rec / f"{name}.wav")
     out = tmp_path / "out.jsonl"
-    r = CliRunner().invoke(main, ["batch", "transcribe", str(rec), "-o", str(out), "-m", whisper,
-                                  "--workers", "2", "-O", "beam_size=1", "-O", "language=en"])
+    r = CliRunner().invoke(
+        main,
+        [
+            "batch",
+            "transcribe",
+            str(rec),
+            "-o",
+            str(out),
+            "-m",
+            whisper,
+            "--workers",
+            "2",
+            "-O",
+            "beam_size=1",
+            "-O",
+            "language=en",
+        ],
+    )
     assert r.exit_code == 0, r.output
     lines = read_jsonl(out)
     assert sorted(x["id"] for x in lines) == ["a.wav", "b.wav", "c.wav"]

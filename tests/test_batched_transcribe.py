@@ -14,8 +14,8 @@ from taskrun.pipelines.speech.ct2_engine import CT2WhisperEngine
 from taskrun.pipelines.speech.engine import PROMPT_CHARS, FileState, Piece, SpeechEngine
 from taskrun.pipelines.speech.hf_engine import HFSpeechEngine
 from taskrun.runner.jobs import run_job
-from taskrun.tasks.inputs import file_input
 from taskrun.tasks.base import TaskError
+from taskrun.tasks.inputs import file_input
 from taskrun.tasks.transcribe import TASK, Options
 from tests.tiny.whisper import SAMPLES, build, build_ct2
 from tools.wer import wer
@@ -30,7 +30,10 @@ def test_split_keeps_text_after_the_last_timestamp():
     tokens = [TS, 1, 2, TS + 50, TS + 50, 3, TS + 100, 4, 5, EOT]
     segs = ct2_batch.split_tokens(tokens, TS, EOT, duration=7.5)
     assert [(s["start"], s["end"], s["tokens"]) for s in segs] == [
-        (0.0, 1.0, [1, 2]), (1.0, 2.0, [3]), (2.0, 7.5, [4, 5])]
+        (0.0, 1.0, [1, 2]),
+        (1.0, 2.0, [3]),
+        (2.0, 7.5, [4, 5]),
+    ]
 
 
 def test_quality_rules_match_whispers():
@@ -56,6 +59,7 @@ def spy_batches(monkeypatch, engine=CT2WhisperEngine):
     def spy(self, windows, options, state):
         calls.append((len(windows), state.previous))
         return real(self, windows, options, state)
+
     monkeypatch.setattr(engine, "decode_batch", spy)
     return calls
 
@@ -70,6 +74,7 @@ def spy_generate(monkeypatch):
     def spy(self, input_features=None, *args, **kwargs):
         sizes.append(len(input_features))
         return real(self, input_features, *args, **kwargs)
+
     monkeypatch.setattr(WhisperForConditionalGeneration, "generate", spy)
     return sizes
 
@@ -81,8 +86,15 @@ def transcribe(path, model, runtime=None, **options):
 
 def test_long_file_after_its_first_window_is_decoded_as_one_batch(tiny_dir, tmp_path, monkeypatch):
     calls = spy_batches(monkeypatch)
-    res = transcribe(long_file(tmp_path), str(build_ct2(tiny_dir)), beam_size=1, vad=False, chunk_s=20.0,
-                     word_timestamps=True, batch_size=8)
+    res = transcribe(
+        long_file(tmp_path),
+        str(build_ct2(tiny_dir)),
+        beam_size=1,
+        vad=False,
+        chunk_s=20.0,
+        word_timestamps=True,
+        batch_size=8,
+    )
     assert calls and calls[0][0] > 1  # one batch of the windows after the first
     assert calls[0][1].strip()  # prompted with the first window's text
     starts = [s.start for s in res.segments]
@@ -108,8 +120,16 @@ def test_an_engine_that_cannot_batch_decodes_window_by_window(tiny_dir, tmp_path
 def test_transformers_decodes_the_windows_after_the_first_in_one_generate_call(tiny_dir, tmp_path, monkeypatch):
     calls = spy_batches(monkeypatch, HFSpeechEngine)
     sizes = spy_generate(monkeypatch)
-    res = transcribe(long_file(tmp_path), str(build(tiny_dir)), "transformers", beam_size=1, vad=False,
-                     chunk_s=20.0, word_timestamps=True, batch_size=8)
+    res = transcribe(
+        long_file(tmp_path),
+        str(build(tiny_dir)),
+        "transformers",
+        beam_size=1,
+        vad=False,
+        chunk_s=20.0,
+        word_timestamps=True,
+        batch_size=8,
+    )
     assert calls and calls[0][0] > 1 and calls[0][1].strip()  # a batch, prompted with the text before it
     # the file's first window alone, the batch's first alone (prompted), the rest together; a
     # window's leftover speech may add single-window calls, never another batch

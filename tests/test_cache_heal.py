@@ -15,13 +15,18 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+
 from taskrun.models import cache_entry
 from taskrun.runner.cli import main
-
 from tests.tiny.bert import build as tiny_bert
 
-TOPICS = ["cats sleep most of the day", "espresso is brewed under pressure", "mars has two small moons",
-          "meetings need an agenda", "the violin has four strings"]
+TOPICS = [
+    "cats sleep most of the day",
+    "espresso is brewed under pressure",
+    "mars has two small moons",
+    "meetings need an agenda",
+    "the violin has four strings",
+]
 
 
 @pytest.fixture
@@ -58,8 +63,7 @@ def corpus(tmp_path):
 
 
 def search(bert, corpus):
-    r = run("search", "tell me about moons", "--corpus", corpus, "--model", bert, "--passage-chars", "60",
-            "--json")
+    r = run("search", "tell me about moons", "--corpus", corpus, "--model", bert, "--passage-chars", "60", "--json")
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     hits = [(h["file"], h["line_start"], round(h["score"], 4)) for h in out["items"][0]["result"]["hits"]]
@@ -86,7 +90,7 @@ def _truncated(p: Path) -> None:
 def _torn_page(p: Path) -> None:
     data = bytearray(p.read_bytes())
     for off in range(4096, len(data), 4096):  # every page but the header's: its b-tree header too
-        data[off:off + 64] = os.urandom(64)
+        data[off : off + 64] = os.urandom(64)
     p.write_bytes(bytes(data))
 
 
@@ -96,8 +100,12 @@ def _flipped_vectors(p: Path) -> None:
     _settle(p)
 
 
-DAMAGE = {"not a database": _garbage, "truncated": _truncated, "torn pages": _torn_page,
-          "one row's vectors changed": _flipped_vectors}
+DAMAGE = {
+    "not a database": _garbage,
+    "truncated": _truncated,
+    "torn pages": _torn_page,
+    "one row's vectors changed": _flipped_vectors,
+}
 
 
 @pytest.mark.parametrize("kind", list(DAMAGE))
@@ -141,8 +149,17 @@ def gguf(tiny_dir):
 
 
 def generate(model):
-    r = run("generate", "What is the capital of France?", "--model", model, "--runtime", "transformers",
-            "--max-tokens", "12", "--json")
+    r = run(
+        "generate",
+        "What is the capital of France?",
+        "--model",
+        model,
+        "--runtime",
+        "transformers",
+        "--max-tokens",
+        "12",
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     assert "de-quantizing" not in r.stderr and "it/s" not in r.stderr  # no third-party progress bar
     return json.loads(r.stdout), r.stderr
@@ -186,15 +203,18 @@ def _no_tokenizer(f: Path) -> Path:
     return f / "tokenizer.json"
 
 
-CONVERTED_DAMAGE = {"random bytes inside the weights": _random_bytes_inside, "weights cut short": _truncate_weights,
-                    "config edited": _edit_config, "manifest removed": _no_manifest,
-                    "tokenizer removed": _no_tokenizer}
+CONVERTED_DAMAGE = {
+    "random bytes inside the weights": _random_bytes_inside,
+    "weights cut short": _truncate_weights,
+    "config edited": _edit_config,
+    "manifest removed": _no_manifest,
+    "tokenizer removed": _no_tokenizer,
+}
 
 
 @pytest.mark.parametrize("kind", list(CONVERTED_DAMAGE))
 def test_a_damaged_gguf_conversion_is_rebuilt_with_one_warning_and_the_same_text(kind, cache, gguf, tiny_dir):
     from taskrun.pipelines import clear_cache
-
     from tests.tiny.generate import build as build_hf
 
     first, _ = generate(gguf)
@@ -213,6 +233,7 @@ def test_a_damaged_gguf_conversion_is_rebuilt_with_one_warning_and_the_same_text
 
 def test_the_conversion_is_float16_and_the_log_names_what_ran(cache, gguf):
     from safetensors import safe_open
+
     from taskrun.runner.runlog.store import RunLog
 
     out, _ = generate(gguf)
@@ -266,8 +287,11 @@ def test_a_byte_changed_anywhere_with_the_mtime_put_back_is_found(entry, where):
     f = entry / "big.bin"
     time.sleep(0.05)  # a ctime tick later than the manifest's (file times are kept in ~4 ms ticks)
     st = f.stat()
-    off = {"between the sampled blocks": (3 << 20) // 14 + 100, "in the first block": 10,
-           "in the last block": st.st_size - 10}[where]
+    off = {
+        "between the sampled blocks": (3 << 20) // 14 + 100,
+        "in the first block": 10,
+        "in the last block": st.st_size - 10,
+    }[where]
     with open(f, "r+b") as fh:
         fh.seek(off)
         old = fh.read(1)
@@ -287,7 +311,6 @@ def test_an_entry_of_another_source_is_not_used(entry):
 def test_a_damaged_ct2_conversion_is_rebuilt_with_one_warning(tmp_path, tiny_dir, capsys):
     from taskrun.models.resolve import resolve
     from taskrun.pipelines.speech.ct2_convert import converted_folder
-
     from tests.tiny.whisper import build_ct2
 
     card = resolve(str(build_ct2(tiny_dir)))
@@ -333,8 +356,9 @@ def test_a_forged_size_and_mtime_entry_is_not_trusted(tmp_path, model_file):
     cache = tmp_path / "c"
     cache.mkdir()
     forged = "sha256:" + "0" * 64
-    (cache / "digests.json").write_text(json.dumps({str(model_file.resolve()): {"stamp": _old_stamp(model_file),
-                                                                              "digest": forged}}))
+    (cache / "digests.json").write_text(
+        json.dumps({str(model_file.resolve()): {"stamp": _old_stamp(model_file), "digest": forged}})
+    )
     assert digest_path(model_file, cache) == _true_digest(model_file)
 
 
@@ -361,8 +385,9 @@ def test_a_damaged_digests_file_is_only_a_cache(tmp_path, model_file, content):
     cache.mkdir()
     (cache / "digests.json").write_text(content)
     assert digest_path(model_file, cache) == _true_digest(model_file)
-    assert json.loads((cache / "digests.json").read_text())[str(model_file.resolve())]["digest"] == \
-        _true_digest(model_file)
+    assert json.loads((cache / "digests.json").read_text())[str(model_file.resolve())]["digest"] == _true_digest(
+        model_file
+    )
 
 
 def test_a_cache_that_cannot_be_written_still_gives_the_digest(model_file):

@@ -43,9 +43,11 @@ def test_unknown_step_is_refused_before_anything_loads(tmp_path):
 
 
 def test_mismatched_steps_are_refused_before_anything_loads(tmp_path):
-    body = ('inputs = { notes = "text" }\n'
-            '[[steps]]\ntask = "summarize"\ninput = "notes"\noutput = "summary"\n'
-            '[[steps]]\ntask = "transcribe"\ninput = "summary"\n')
+    body = (
+        'inputs = { notes = "text" }\n'
+        '[[steps]]\ntask = "summarize"\ninput = "notes"\noutput = "summary"\n'
+        '[[steps]]\ntask = "transcribe"\ninput = "summary"\n'
+    )
     r = CliRunner().invoke(main, ["chain", _chain(tmp_path, body), "some notes"])
     assert r.exit_code != 0, r.output
     assert "step 2 (transcribe) takes" in r.output and "'summary' (text, from the summarize step)" in r.output
@@ -56,8 +58,9 @@ def test_undefined_input_and_bad_options_are_caught(tmp_path):
     chain = parse_chain({"inputs": {"q": "text"}, "steps": [{"task": "generate", "input": "answer"}]})
     with pytest.raises(TaskError, match="reads 'answer', which no earlier step outputs"):
         check_chain(chain)
-    chain = parse_chain({"inputs": {"q": "text"},
-                         "steps": [{"task": "generate", "input": "q", "options": {"max_tokens": 0}}]})
+    chain = parse_chain(
+        {"inputs": {"q": "text"}, "steps": [{"task": "generate", "input": "q", "options": {"max_tokens": 0}}]}
+    )
     with pytest.raises(TaskError, match="step 1 \\(generate\\): --max-tokens must be at least 1"):
         check_chain(chain, {"q": "hi"})
     with pytest.raises(TaskError, match="unknown key"):
@@ -71,11 +74,13 @@ def test_wrong_number_of_inputs(tmp_path):
 
 def test_chain_runs_each_stage_as_a_linked_job(tiny_dir, tmp_path):
     model = build(tiny_dir)
-    body = (f'inputs = {{ topic = "text" }}\n'
-            f'[[steps]]\ntask = "generate"\ninput = "topic"\noutput = "draft"\nmodel = "{model}"\n'
-            f'options = {{ max_tokens = 12, seed = 1 }}\n'
-            f'[[steps]]\ntask = "summarize"\ntemplate = "Notes on {{topic}}:\\n{{draft}}"\noutput = "summary"\n'
-            f'model = "{model}"\nartifact = "summary.txt"\noptions = {{ max_tokens = 6 }}\n')
+    body = (
+        f'inputs = {{ topic = "text" }}\n'
+        f'[[steps]]\ntask = "generate"\ninput = "topic"\noutput = "draft"\nmodel = "{model}"\n'
+        f"options = {{ max_tokens = 12, seed = 1 }}\n"
+        f'[[steps]]\ntask = "summarize"\ntemplate = "Notes on {{topic}}:\\n{{draft}}"\noutput = "summary"\n'
+        f'model = "{model}"\nartifact = "summary.txt"\noptions = {{ max_tokens = 6 }}\n'
+    )
     out = tmp_path / "out"
     r = CliRunner().invoke(main, ["chain", _chain(tmp_path, body), "the release", "-o", str(out), "--json"])
     assert r.exit_code == 0, r.output
@@ -104,14 +109,25 @@ def test_meeting_notes_on_a_real_clip(tmp_path):
     summary = doc["stages"][1]["items"][0]["result"]["text"]
     assert summary.strip() and (out / "summary.txt").read_text().strip() == summary.strip()
     rows = RunLog().recent(10, chain_id=doc["chain_id"])
-    assert sorted((row["stage"], row["task"], row["status"]) for row in rows) == \
-        [(0, "transcribe", "ok"), (1, "summarize", "ok")]
+    assert sorted((row["stage"], row["task"], row["status"]) for row in rows) == [
+        (0, "transcribe", "ok"),
+        (1, "summarize", "ok"),
+    ]
 
 
 @pytest.mark.real
 def test_ask_answers_from_the_docs_with_sources(tmp_path):
-    r = CliRunner().invoke(main, ["ask", "How many parameters does the Whisper tiny model have?",
-                                  "--docs", str(SAMPLES / "docs"), "-o", str(tmp_path / "ask")])
+    r = CliRunner().invoke(
+        main,
+        [
+            "ask",
+            "How many parameters does the Whisper tiny model have?",
+            "--docs",
+            str(SAMPLES / "docs"),
+            "-o",
+            str(tmp_path / "ask"),
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert "39 million" in r.stdout and "Sources:" in r.stdout and "whisper.md" in r.stdout
     assert (tmp_path / "ask" / "passages.txt").read_text().startswith("[1]")

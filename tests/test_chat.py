@@ -36,9 +36,15 @@ def _turns() -> list[dict]:
 
 def test_three_piped_turns_each_see_the_earlier_ones(tiny, tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # the test's private log and cache come with os.environ
-    p = subprocess.run([RUN, "chat", "--model", tiny, "--max-tokens", "6", "--seed", "1", "--system", "Be brief."],
-                       input="Hi there\nWhat did I say?\nAnd before that?\n", capture_output=True, text=True,
-                       env=env, cwd=tmp_path, timeout=300)
+    p = subprocess.run(
+        [RUN, "chat", "--model", tiny, "--max-tokens", "6", "--seed", "1", "--system", "Be brief."],
+        input="Hi there\nWhat did I say?\nAnd before that?\n",
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr
     rows = _turns()
     assert [r["status"] for r in rows] == ["ok"] * 3
@@ -68,8 +74,17 @@ def test_reset_clears_the_history_and_save_writes_the_conversation(tiny, tmp_pat
 
 def test_load_resumes_a_saved_conversation(tiny, tmp_path):
     saved = tmp_path / "conv.json"
-    saved.write_text(json.dumps({"system": "Be brief.", "turns": [
-        {"role": "user", "content": "My name is Ada."}, {"role": "assistant", "content": "Hello Ada."}]}))
+    saved.write_text(
+        json.dumps(
+            {
+                "system": "Be brief.",
+                "turns": [
+                    {"role": "user", "content": "My name is Ada."},
+                    {"role": "assistant", "content": "Hello Ada."},
+                ],
+            }
+        )
+    )
     r = _chat(tiny, "What is my name?\n", "--load", str(saved))
     assert r.exit_code == 0, r.output
     row = _turns()[-1]

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from taskrun.runner.cli import main
 
+from taskrun.runner.cli import main
 from tests.tiny.bert import build as tiny_bert
 
 ESC = "\x1b"
@@ -50,18 +50,19 @@ def one_clear_line(r) -> str:
 STEP = '[[steps]]\ntask = "generate"\ninput = "q"\n'
 CHAINS = {
     "options as a string": (STEP + 'options = "max_tokens=5"\n', ["step 1 options must be a table"]),
-    "int option as a string": (STEP + 'options = { max_tokens = "5" }\n',
-                               ["option max_tokens must be an integer", "step 1 (generate)"]),
-    "float option as a string": (STEP + 'options = { temperature = "hot" }\n',
-                                 ["option temperature must be a number"]),
+    "int option as a string": (
+        STEP + 'options = { max_tokens = "5" }\n',
+        ["option max_tokens must be an integer", "step 1 (generate)"],
+    ),
+    "float option as a string": (STEP + 'options = { temperature = "hot" }\n', ["option temperature must be a number"]),
     "bool option as a number": (STEP + "options = { raw = 1 }\n", ["option raw must be true or false"]),
     "list option as a number": (STEP + "options = { stop = 3 }\n", ["option stop must be an array"]),
     "unknown option": (STEP + "options = { max_token = 5 }\n", ["unknown option max_token"]),
     "task as a number": ('[[steps]]\ntask = 5\ninput = "q"\n', ["step 1 task must be a string"]),
     "steps as a table": ('[steps]\ntask = "generate"\n', ["at least one [[steps]] table"]),
     "step as a string": ('steps = ["generate"]\n', ["step 1 is not a table"]),
-    "name as a table": ('name = { a = 1 }\n' + STEP, ["name must be a string"]),
-    "input kind not a string": ('inputs = { q = 3 }\n' + STEP, ["input 'q' has kind 3"]),
+    "name as a table": ("name = { a = 1 }\n" + STEP, ["name must be a string"]),
+    "input kind not a string": ("inputs = { q = 3 }\n" + STEP, ["input 'q' has kind 3"]),
     "non-finite temperature": (STEP + "options = { temperature = inf }\n", ["--temperature must be 0"]),
 }
 

@@ -36,12 +36,14 @@ def last_run():
 
 
 def test_help_and_tasks_do_not_import_torch():
-    code = ("import sys\nfrom click.testing import CliRunner\nfrom runner.cli import main\n"
-            "for args in (['--help'], ['tasks'], ['tasks', '--json'], ['embed', '--help']):\n"
-            "    r = CliRunner().invoke(main, args)\n"
-            "    assert r.exit_code == 0, r.output\n"
-            "assert 'torch' not in sys.modules, 'the CLI imported torch'\n"
-            "assert 'transformers' not in sys.modules\n")
+    code = (
+        "import sys\nfrom click.testing import CliRunner\nfrom runner.cli import main\n"
+        "for args in (['--help'], ['tasks'], ['tasks', '--json'], ['embed', '--help']):\n"
+        "    r = CliRunner().invoke(main, args)\n"
+        "    assert r.exit_code == 0, r.output\n"
+        "assert 'torch' not in sys.modules, 'the CLI imported torch'\n"
+        "assert 'transformers' not in sys.modules\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
@@ -87,16 +89,19 @@ def test_npy_needs_a_file(bert):
 # --------------------------------------------------------------------------- bad input
 
 
-@pytest.mark.parametrize("name,make,expect", [
-    ("empty text", lambda d: [""], "is empty"),
-    ("blank text", lambda d: ["   "], "is empty"),
-    ("missing file", lambda d: ["-f", str(d / "nope.txt")], "does not exist"),
-    ("binary file", lambda d: [_write(d / "x.bin", bytes(range(256)) * 4)], "not text"),
-    ("non-UTF-8", lambda d: [_write(d / "l1.txt", "café crème\n".encode("latin-1"))], "not UTF-8"),
-    ("empty file", lambda d: [_write(d / "e.txt", b"")], "empty"),
-    ("audio given to embed", lambda d: [_write(d / "a.wav", _wav_bytes())], "is an audio file"),
-    ("image given to embed", lambda d: [_write(d / "a.png", _png_bytes())], "use `run classify`"),
-])
+@pytest.mark.parametrize(
+    "name,make,expect",
+    [
+        ("empty text", lambda d: [""], "is empty"),
+        ("blank text", lambda d: ["   "], "is empty"),
+        ("missing file", lambda d: ["-f", str(d / "nope.txt")], "does not exist"),
+        ("binary file", lambda d: [_write(d / "x.bin", bytes(range(256)) * 4)], "not text"),
+        ("non-UTF-8", lambda d: [_write(d / "l1.txt", "café crème\n".encode("latin-1"))], "not UTF-8"),
+        ("empty file", lambda d: [_write(d / "e.txt", b"")], "empty"),
+        ("audio given to embed", lambda d: [_write(d / "a.wav", _wav_bytes())], "is an audio file"),
+        ("image given to embed", lambda d: [_write(d / "a.png", _png_bytes())], "use `run classify`"),
+    ],
+)
 def test_bad_input_is_one_clear_line_and_a_failed_log_row(bert, tmp_path, name, make, expect):
     args = make(tmp_path)
     r = invoke("embed", *args, "--model", bert, "-o", tmp_path / "out.npy")
@@ -159,8 +164,9 @@ def test_hub_id_offline_fails_fast_with_advice():
 
 
 def test_every_job_is_logged_with_model_digest_runtime_device_dtype(bert):
-    r = invoke("embed", "the cat", "--model", bert, "--runtime", "transformers", "--dtype", "float32",
-               "--device", "cpu", "-q")
+    r = invoke(
+        "embed", "the cat", "--model", bert, "--runtime", "transformers", "--dtype", "float32", "--device", "cpu", "-q"
+    )
     assert r.exit_code == 0, r.output
     row = last_run()
     assert row["status"] == "ok" and row["model_digest"].startswith("sha256:")

@@ -15,7 +15,7 @@ from taskrun.runner.cli import main
 from taskrun.tasks import vector_files
 from tests.tiny.bert import build as tiny_bert
 
-TEXTS = ["the cat", "a dog, \"quoted\"", "stock prices\tfell", "naïve café ☕"]
+TEXTS = ["the cat", 'a dog, "quoted"', "stock prices\tfell", "naïve café ☕"]
 
 
 def invoke(*args):

@@ -21,8 +21,10 @@ from tests.tiny.bert import build as tiny_bert
 
 TEXTS = ["the cat", "a dog barks", "stock prices fell", "the kitten and the dog " * 20]
 ORT = pipelines._P + "text.ort_encoder:OrtTextEncoder"
-ROWS = {("embed", "onnxruntime"): pipelines.Runtime(pipelines._P + "text.embed:EmbedPipeline", engine=ORT),
-        ("search", "onnxruntime"): pipelines.Runtime(pipelines._P + "text.search:SearchPipeline", engine=ORT)}
+ROWS = {
+    ("embed", "onnxruntime"): pipelines.Runtime(pipelines._P + "text.embed:EmbedPipeline", engine=ORT),
+    ("search", "onnxruntime"): pipelines.Runtime(pipelines._P + "text.search:SearchPipeline", engine=ORT),
+}
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
@@ -72,12 +74,15 @@ def test_onnxruntime_refuses_what_it_cannot_run(bert):
     assert r.exit_code != 0 and "--runtime transformers" in r.output
 
 
-@pytest.mark.parametrize("bf16,args,expected", [
-    (False, [], "onnxruntime"),  # a CPU without bf16 units: ONNX Runtime float32
-    (True, [], "transformers"),  # bf16 units: transformers in bf16
-    (False, ["--dtype", "bfloat16"], "transformers"),
-    (False, ["--runtime", "transformers"], "transformers"),
-])
+@pytest.mark.parametrize(
+    "bf16,args,expected",
+    [
+        (False, [], "onnxruntime"),  # a CPU without bf16 units: ONNX Runtime float32
+        (True, [], "transformers"),  # bf16 units: transformers in bf16
+        (False, ["--dtype", "bfloat16"], "transformers"),
+        (False, ["--runtime", "transformers"], "transformers"),
+    ],
+)
 def test_the_default_runtime_follows_the_cpu(bert, monkeypatch, bf16, args, expected):
     monkeypatch.setattr(encoder, "cpu_has_bf16", lambda: bf16)
     monkeypatch.setattr(encoder, "_maybe_accelerator", lambda: False)
@@ -95,9 +100,11 @@ def test_search_and_zero_shot_classify_run_on_onnxruntime_too(bert, tmp_path, mo
     corpus.mkdir()
     (corpus / "a.md").write_text("the cat sat\n\nthe dog barked\n\nstock prices fell\n")
     outs = {}
-    for args in (["search", "cat", "--corpus", corpus, "-k", "2"],
-                 ["classify", "good movie", "the worst", "--labels", "good,bad"],
-                 ["classify", "good movie", "the worst", "--labels", "good,bad", "--runtime", "transformers"]):
+    for args in (
+        ["search", "cat", "--corpus", corpus, "-k", "2"],
+        ["classify", "good movie", "the worst", "--labels", "good,bad"],
+        ["classify", "good movie", "the worst", "--labels", "good,bad", "--runtime", "transformers"],
+    ):
         r = CliRunner().invoke(main, [*map(str, args), "--model", bert, "--json", "-q"])
         assert r.exit_code == 0, r.output
         outs[" ".join(map(str, args[:1] + args[-1:]))] = json.loads(r.stdout.splitlines()[-1])
@@ -106,7 +113,8 @@ def test_search_and_zero_shot_classify_run_on_onnxruntime_too(bert, tmp_path, mo
     for a, b in zip(ort["items"], tf["items"]):
         assert [lab["label"] for lab in a["result"]["labels"]] == [lab["label"] for lab in b["result"]["labels"]]
         assert [lab["score"] for lab in a["result"]["labels"]] == pytest.approx(
-            [lab["score"] for lab in b["result"]["labels"]], abs=1e-4)
+            [lab["score"] for lab in b["result"]["labels"]], abs=1e-4
+        )
 
 
 def test_auto_runtime_leaves_other_models_and_devices_alone(monkeypatch):
@@ -114,9 +122,19 @@ def test_auto_runtime_leaves_other_models_and_devices_alone(monkeypatch):
 
     monkeypatch.setattr(encoder, "cpu_has_bf16", lambda: False)
     monkeypatch.setattr(encoder, "_maybe_accelerator", lambda: False)
-    card = ModelCard(name="m", path="/x", architecture="BertModel", tasks=("embed",), runtime="transformers",
-                     runtimes=("transformers",), size_bytes=0, digest="sha256:0", source="test",
-                     kind="sentence-embedding", format="safetensors")
+    card = ModelCard(
+        name="m",
+        path="/x",
+        architecture="BertModel",
+        tasks=("embed",),
+        runtime="transformers",
+        runtimes=("transformers",),
+        size_bytes=0,
+        digest="sha256:0",
+        source="test",
+        kind="sentence-embedding",
+        format="safetensors",
+    )
     assert encoder.auto_runtime("embed", card, None, "auto", "auto").runtime == "onnxruntime"
     assert encoder.auto_runtime("embed", card, None, "cuda", "auto").runtime == "transformers"
     custom = replace(card, architecture="NomicBertModel")
@@ -143,7 +161,7 @@ def test_minilm_on_onnxruntime_matches_sentence_transformers_float32():
     from sentence_transformers import SentenceTransformer
 
     from taskrun.models.resolve import resolve
-    from taskrun.runner.bench.suites import sentences
+    from taskrun.runner.bench.embed import sentences
 
     texts = sentences(200, seed=3) + ["The quick brown fox jumps over the lazy dog. " * 40]  # one cut at 256
     ours, out = embed(*texts, "--runtime", "onnxruntime")
@@ -164,7 +182,7 @@ def test_the_onnxruntime_engine_tokenizes_as_transformers_does_without_importing
 
     from taskrun.models.resolve import resolve
     from taskrun.pipelines.text.ort_encoder import _tokenizer
-    from taskrun.runner.bench.suites import sentences
+    from taskrun.runner.bench.embed import sentences
 
     path = Path(resolve(bert if which == "tiny" else "minilm").path)
     ours, theirs = _tokenizer(path), PreTrainedTokenizerFast.from_pretrained(str(path))
@@ -188,7 +206,7 @@ def test_a_damaged_export_is_rebuilt_with_one_warning(bert, session_cache):
     ref, _ = embed("the cat", "--model", bert, "--runtime", "onnxruntime")
     graph = exported_dir(resolve(bert)) / GRAPH
     data = bytearray(graph.read_bytes())
-    data[len(data) // 2: len(data) // 2 + 64] = b"\0" * 64
+    data[len(data) // 2 : len(data) // 2 + 64] = b"\0" * 64
     graph.write_bytes(bytes(data))
     clear_cache()  # a new process: the engine loads again and checks its export
     r = CliRunner().invoke(main, ["embed", "the cat", "--model", bert, "--runtime", "onnxruntime", "--json", "-q"])

@@ -35,6 +35,7 @@ def _nonfinite(value: float):
         x = speech()
         x[SR * 2] = value
         return encoded(x, "fwav")
+
     return make
 
 
@@ -42,6 +43,7 @@ def _cut(fmt: str, keep: float = 0.5):
     def make():
         data = encoded(speech(), fmt)
         return data[: int(len(data) * keep)]
+
     return make
 
 
@@ -155,7 +157,7 @@ def _png(mode="RGB", size=(64, 48), **save):
 
     from PIL import Image
 
-    img = Image.new(mode, size, 128 if mode in ("L", "P", "I;16", "I", "F") else (90, 120, 150)[:len(mode)])
+    img = Image.new(mode, size, 128 if mode in ("L", "P", "I;16", "I", "F") else (90, 120, 150)[: len(mode)])
     buf = BytesIO()
     img.save(buf, format=save.pop("format", "PNG"), **save)
     return buf.getvalue()
@@ -200,8 +202,12 @@ def test_bad_images_are_one_line_errors(name, tmp_path):
 
 
 GOOD_LARGE = {  # name → (mode, format): each decoded reduced, its original size kept
-    "rgb_png": ("RGB", "PNG"), "rgba_png": ("RGBA", "PNG"), "grey_png": ("L", "PNG"),
-    "palette_png": ("P", "PNG"), "wide_png": ("I;16", "PNG"), "rgb_jpeg": ("RGB", "JPEG"),
+    "rgb_png": ("RGB", "PNG"),
+    "rgba_png": ("RGBA", "PNG"),
+    "grey_png": ("L", "PNG"),
+    "palette_png": ("P", "PNG"),
+    "wide_png": ("I;16", "PNG"),
+    "rgb_jpeg": ("RGB", "JPEG"),
     "grey_jpeg": ("L", "JPEG"),
 }
 
@@ -266,8 +272,10 @@ def test_a_huge_picture_decodes_in_bounded_memory(fmt, tmp_path):
     png_stream(tmp_path / "big.png", *((9990, 9990) if fmt == "png" else (6000, 6000)))
     setup = "from taskrun.tasks.image_files import load_image\n"
     if fmt == "jpeg":  # encoded in the child, before its peak is reset
-        setup += (f"from PIL import Image\nImage.MAX_IMAGE_PIXELS = None\n"
-                  f"Image.open({str(tmp_path / 'big.png')!r}).save({str(path)!r}, quality=70)\n")
+        setup += (
+            f"from PIL import Image\nImage.MAX_IMAGE_PIXELS = None\n"
+            f"Image.open({str(tmp_path / 'big.png')!r}).save({str(path)!r}, quality=70)\n"
+        )
     mb, out = peak_mb(f"img = load_image({str(path)!r})\nout['size'] = img.size", setup=setup)
     assert max(out["size"]) <= DEFAULT_DECODE_SIDE
     assert mb < (600 if fmt == "png" else 150), f"{fmt}: {mb:.0f} MB"
@@ -338,9 +346,9 @@ def test_chunked_prefill_gives_the_logits_of_a_whole_one(tiny_dir, monkeypatch):
     """Reading a prompt 512 tokens at a time (so attention holds chunk x n scores, not n x n)
     changes nothing: the same next-token logits as in one pass, on both forward passes."""
     import torch
+
     from taskrun.models.resolve import resolve
     from taskrun.pipelines.llm import hf_engine
-
     from tests.tiny.generate import build
 
     card = resolve(str(build(tiny_dir)))
@@ -371,8 +379,23 @@ def test_generate_refuses_a_megabyte_prompt_quickly(tiny_dir, tmp_path):
     t = time.perf_counter()
     r = CliRunner().invoke(main, ["generate", "-f", str(big), "--model", str(build(tiny_dir)), "-q"])
     assert r.exit_code == 1 and "over 512 tokens (1,020,000 characters)" in r.output
-    r = CliRunner().invoke(main, ["generate", "-f", str(big), "--model", str(build(tiny_dir)), "--truncate",
-                                  "--max-tokens", "4", "--seed", "1", "--json", "-q"])
+    r = CliRunner().invoke(
+        main,
+        [
+            "generate",
+            "-f",
+            str(big),
+            "--model",
+            str(build(tiny_dir)),
+            "--truncate",
+            "--max-tokens",
+            "4",
+            "--seed",
+            "1",
+            "--json",
+            "-q",
+        ],
+    )
     assert r.exit_code == 0, r.output
     res = json.loads(r.stdout.strip().splitlines()[-1])["items"][0]["result"]
     assert res["input_tokens"] < 512 and res["truncated_tokens"] > 100_000
@@ -384,7 +407,6 @@ def test_fit_counts_what_the_transformers_engine_holds(tiny_dir):
     beside the float32 embeddings, and the KV cache rounded to the power of two it allocates; the
     overhead constant is calibrated on measured peaks (models/fit.py; README)."""
     from taskrun.models.fit import estimate_fit
-
     from tests.tiny.generate import build
 
     est = estimate_fit(str(build(tiny_dir)), 300, 1, "float32")

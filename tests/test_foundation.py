@@ -16,18 +16,21 @@ from taskrun.tasks.inputs import sniff_bytes
 from tests.tiny.bert import build as tiny_bert
 
 
-@pytest.mark.parametrize("head,kind", [
-    (b"\x89PNG\r\n\x1a\n....", "image"),
-    (b"\xff\xd8\xff\xe0JFIF", "image"),
-    (b"RIFF\x00\x00\x00\x00WAVEfmt ", "audio"),
-    (b"RIFF\x00\x00\x00\x00WEBPVP8 ", "image"),
-    (b"fLaC\x00\x00", "audio"),
-    (b"OggS\x00\x02", "audio"),
-    (b"plain text, caf\xc3\xa9\n", "text"),
-    (b"caf\xe9 au lait", "text"),  # latin-1: text, and reading it says how to convert it
-    (b"\x01\x02\x03\x04\x05\xe9\x06\x07" * 4, "binary"),
-    (b"\x00\x01\x02\x03", "binary"),
-])
+@pytest.mark.parametrize(
+    "head,kind",
+    [
+        (b"\x89PNG\r\n\x1a\n....", "image"),
+        (b"\xff\xd8\xff\xe0JFIF", "image"),
+        (b"RIFF\x00\x00\x00\x00WAVEfmt ", "audio"),
+        (b"RIFF\x00\x00\x00\x00WEBPVP8 ", "image"),
+        (b"fLaC\x00\x00", "audio"),
+        (b"OggS\x00\x02", "audio"),
+        (b"plain text, caf\xc3\xa9\n", "text"),
+        (b"caf\xe9 au lait", "text"),  # latin-1: text, and reading it says how to convert it
+        (b"\x01\x02\x03\x04\x05\xe9\x06\x07" * 4, "binary"),
+        (b"\x00\x01\x02\x03", "binary"),
+    ],
+)
 def test_sniffing_reads_content_not_names(head, kind):
     assert sniff_bytes(head) == kind
 
@@ -86,8 +89,15 @@ def test_models_are_loaded_once_per_process(tiny_dir):
 def _writer(path: str, worker: int, n: int) -> None:
     log = RunLog(path)
     for i in range(n):
-        log.append({"id": f"w{worker}-{i}", "started_at": f"2026-01-01T00:00:{i:02d}", "task": "embed",
-                    "status": "ok", "metrics": {"wall_s": 0.1}})
+        log.append(
+            {
+                "id": f"w{worker}-{i}",
+                "started_at": f"2026-01-01T00:00:{i:02d}",
+                "task": "embed",
+                "status": "ok",
+                "metrics": {"wall_s": 0.1},
+            }
+        )
 
 
 def test_concurrent_writers_lose_nothing(tmp_path):

@@ -24,8 +24,13 @@ from hypothesis import strategies as st
 from taskrun.tasks.base import TaskError
 
 FUZZ_EXAMPLES = int(os.environ.get("TASKRUN_FUZZ_EXAMPLES", "50"))
-settings.register_profile("taskrun", max_examples=FUZZ_EXAMPLES, deadline=None, database=None,
-                          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+settings.register_profile(
+    "taskrun",
+    max_examples=FUZZ_EXAMPLES,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 settings.load_profile("taskrun")
 
 
@@ -73,8 +78,13 @@ def _audio_seeds() -> list[bytes]:
     t = np.arange(8000) / 16000
     x = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
     out = []
-    for fmt, sub in [("WAV", "PCM_16"), ("WAV", "FLOAT"), ("FLAC", "PCM_16"), ("OGG", "VORBIS"),
-                     ("MP3", "MPEG_LAYER_III")]:
+    for fmt, sub in [
+        ("WAV", "PCM_16"),
+        ("WAV", "FLOAT"),
+        ("FLAC", "PCM_16"),
+        ("OGG", "VORBIS"),
+        ("MP3", "MPEG_LAYER_III"),
+    ]:
         buf = io.BytesIO()
         sf.write(buf, x, 16000, format=fmt, subtype=sub)
         out.append(buf.getvalue())
@@ -122,8 +132,16 @@ def _image_seeds() -> list[bytes]:
     from PIL import Image
 
     out = []
-    for mode, fmt in [("RGB", "PNG"), ("RGBA", "PNG"), ("P", "PNG"), ("RGB", "JPEG"), ("L", "GIF"),
-                      ("RGB", "BMP"), ("RGB", "TIFF"), ("RGB", "WEBP")]:
+    for mode, fmt in [
+        ("RGB", "PNG"),
+        ("RGBA", "PNG"),
+        ("P", "PNG"),
+        ("RGB", "JPEG"),
+        ("L", "GIF"),
+        ("RGB", "BMP"),
+        ("RGB", "TIFF"),
+        ("RGB", "WEBP"),
+    ]:
         buf = io.BytesIO()
         img = Image.new(mode, (37, 23), 100)
         img.save(buf, format=fmt)
@@ -160,14 +178,18 @@ def test_sniffing_any_bytes_names_a_kind(data):
 
 # --------------------------------------------------------------------------- job specs and chains
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
-                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-                    max_leaves=12)
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
 TASKS = ["embed", "search", "classify", "generate", "summarize", "detect", "transcribe", "image"]
 
 
-@given(st.sampled_from(TASKS), st.dictionaries(
-    st.sampled_from(["input", "options", "model", "runtime", "id", "task", "bogus"]), JSON, max_size=5))
+@given(
+    st.sampled_from(TASKS),
+    st.dictionaries(st.sampled_from(["input", "options", "model", "runtime", "id", "task", "bogus"]), JSON, max_size=5),
+)
 def test_job_specs_parse_or_are_a_user_error(task, body):
     from taskrun.tasks.wire.jobspec import Uploads, job_from_native
 
@@ -185,12 +207,22 @@ def test_any_option_values_make_options_or_a_user_error(task, values):
     _user_error_only(make_options, get_task(task).Options, values)
 
 
-STEP = st.fixed_dictionaries({"task": st.sampled_from(TASKS + ["nope"])}, optional={
-    "input": st.text(max_size=10), "options": st.dictionaries(st.sampled_from(
-        ["max_tokens", "top_k", "threshold", "language", "stop", "size", "x"]), JSON, max_size=3),
-    "artifact": st.text(max_size=10), "model": st.text(max_size=8), "output": JSON})
-CHAIN = st.fixed_dictionaries({"steps": st.lists(STEP, max_size=3) | JSON}, optional={
-    "name": JSON, "description": st.text(max_size=10), "inputs": JSON, "extra": JSON})
+STEP = st.fixed_dictionaries(
+    {"task": st.sampled_from(TASKS + ["nope"])},
+    optional={
+        "input": st.text(max_size=10),
+        "options": st.dictionaries(
+            st.sampled_from(["max_tokens", "top_k", "threshold", "language", "stop", "size", "x"]), JSON, max_size=3
+        ),
+        "artifact": st.text(max_size=10),
+        "model": st.text(max_size=8),
+        "output": JSON,
+    },
+)
+CHAIN = st.fixed_dictionaries(
+    {"steps": st.lists(STEP, max_size=3) | JSON},
+    optional={"name": JSON, "description": st.text(max_size=10), "inputs": JSON, "extra": JSON},
+)
 
 
 @given(CHAIN)
@@ -203,7 +235,7 @@ def test_chains_parse_and_check_or_are_a_user_error(raw):
     _user_error_only(parse)
 
 
-@given(st.text(alphabet=st.sampled_from(list('[]{}="\'.,:#\n \\task=steps[[x]]01') + ["\u00e9"]), max_size=200))
+@given(st.text(alphabet=st.sampled_from(list("[]{}=\"'.,:#\n \\task=steps[[x]]01") + ["\u00e9"]), max_size=200))
 def test_chain_files_of_any_text_are_a_user_error(text):
     from taskrun.runner.chains.run import load_chain
 
@@ -217,8 +249,13 @@ def test_chain_files_of_any_text_are_a_user_error(text):
 # --------------------------------------------------------------------------- option values
 
 
-@given(st.one_of(st.text(max_size=16), st.integers(-10**12, 10**15),
-                 st.from_regex(r"\s*\d{0,6}(\.\d{0,3})?\s*[kmgtKMGT]?[iI]?[bB]?\s*", fullmatch=True)))
+@given(
+    st.one_of(
+        st.text(max_size=16),
+        st.integers(-(10**12), 10**15),
+        st.from_regex(r"\s*\d{0,6}(\.\d{0,3})?\s*[kmgtKMGT]?[iI]?[bB]?\s*", fullmatch=True),
+    )
+)
 def test_byte_sizes_parse_or_are_a_user_error(text):
     from taskrun.models.sizes import format_size, parse_size
 
@@ -237,8 +274,9 @@ def test_image_sizes_parse_or_are_a_user_error(text):
     _user_error_only(lambda: Options(size=text))
 
 
-@given(st.lists(st.text(max_size=8), max_size=4), st.floats(allow_nan=True, allow_infinity=True),
-       st.integers(-5, 10**7))
+@given(
+    st.lists(st.text(max_size=8), max_size=4), st.floats(allow_nan=True, allow_infinity=True), st.integers(-5, 10**7)
+)
 def test_generate_options_are_checked(stop, temperature, max_tokens):
     from taskrun.tasks.generate import Options
 
@@ -247,8 +285,10 @@ def test_generate_options_are_checked(stop, temperature, max_tokens):
         assert all(o.stop) and np.isfinite(o.temperature) and o.max_tokens > 0
 
 
-@given(st.lists(st.text(max_size=12), min_size=1, max_size=4),
-       st.lists(st.lists(st.floats(width=32), min_size=3, max_size=3), min_size=1, max_size=4))
+@given(
+    st.lists(st.text(max_size=12), min_size=1, max_size=4),
+    st.lists(st.lists(st.floats(width=32), min_size=3, max_size=3), min_size=1, max_size=4),
+)
 def test_vector_files_round_trip_any_texts_and_numbers(texts, rows):
     def strict(value):
         raise ValueError(f"{value} is not JSON")
@@ -262,7 +302,8 @@ def test_vector_files_round_trip_any_texts_and_numbers(texts, rows):
     assert [r["text"] for r in rows_back] == texts
     for r, v in zip(rows_back, vectors):
         assert [x if x is not None else float("nan") for x in r["vector"]] == pytest.approx(
-            [float(f"{x:.9g}") if np.isfinite(x) else float("nan") for x in v.tolist()], nan_ok=True)
+            [float(f"{x:.9g}") if np.isfinite(x) else float("nan") for x in v.tolist()], nan_ok=True
+        )
     got = np.load(io.BytesIO(vector_files.to_npy(texts, vectors)))
     assert got.shape == (n, 3)
     np.testing.assert_array_equal(got, np.stack(vectors))
@@ -292,22 +333,27 @@ def test_a_wav_with_format_code_zero_is_a_user_error():
     import struct
 
     pcm = (np.sin(np.arange(8000) / 5) * 9000).astype("<i2").tobytes()
-    body = (b"WAVEfmt " + struct.pack("<IHHIIHH", 16, 0, 1, 16000, 32000, 2, 16)
-            + b"data" + struct.pack("<I", len(pcm)) + pcm)
+    body = (
+        b"WAVEfmt "
+        + struct.pack("<IHHIIHH", 16, 0, 1, 16000, 32000, 2, 16)
+        + b"data"
+        + struct.pack("<I", len(pcm))
+        + pcm
+    )
     _user_error_only(_decode_audio, _file(b"RIFF" + struct.pack("<I", len(body)) + body, ".wav"))
 
 
 # Found by the property above in CI: a TIFF whose width is stored as a BYTE, which PIL's Image.open
 # itself refuses with ValueError("Invalid dimensions") instead of an OSError.
 TIFF_BYTE_WIDTH = (
-    b'II*\x00\x08\x00\x00\x00\n\x00\x00\x01\x01\x00\x01\x00\x00\x00'
-    b'%\x00\x00\x00\x01\x01\x04\x00\x01\x00\x00\x00\x17\x00\x00\x00\x02\x01'
-    b'\x03\x00\x03\x00\x00\x00\x86\x00\x00\x00\x03\x01\x03\x00\x01\x00\x00\x00'
-    b'\x01\x00\x00\x00\x06\x01\x03\x00\x01\x00\x00\x00\x02\x00\x00\x00\x11\x01'
-    b'\x04\x00\x01\x00\x00\x00\x8c\x00\x00\x00\x15\x01\x03\x00\x01\x00\x00\x00'
-    b'\x03\x00\x00\x00\x16\x01\x04\x00\x01\x00\x00\x00\x17\x00\x00\x00\x17\x01'
-    b'\x04\x00\x01\x00\x00\x00\xf9\t\x00\x00\x1c\x01\x03\x00\x01\x00\x00\x00'
-    b'\x01\x00\x00\x00\x00\x00\x00\x00\x08\x00\x08\x00\x08\x00'
+    b"II*\x00\x08\x00\x00\x00\n\x00\x00\x01\x01\x00\x01\x00\x00\x00"
+    b"%\x00\x00\x00\x01\x01\x04\x00\x01\x00\x00\x00\x17\x00\x00\x00\x02\x01"
+    b"\x03\x00\x03\x00\x00\x00\x86\x00\x00\x00\x03\x01\x03\x00\x01\x00\x00\x00"
+    b"\x01\x00\x00\x00\x06\x01\x03\x00\x01\x00\x00\x00\x02\x00\x00\x00\x11\x01"
+    b"\x04\x00\x01\x00\x00\x00\x8c\x00\x00\x00\x15\x01\x03\x00\x01\x00\x00\x00"
+    b"\x03\x00\x00\x00\x16\x01\x04\x00\x01\x00\x00\x00\x17\x00\x00\x00\x17\x01"
+    b"\x04\x00\x01\x00\x00\x00\xf9\t\x00\x00\x1c\x01\x03\x00\x01\x00\x00\x00"
+    b"\x01\x00\x00\x00\x00\x00\x00\x00\x08\x00\x08\x00\x08\x00"
 )
 
 

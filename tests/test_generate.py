@@ -10,7 +10,8 @@ from click.testing import CliRunner
 
 from taskrun.runner.cli import main
 from taskrun.runner.jobs import run_job
-from taskrun.tasks import REGISTRY, events as ev
+from taskrun.tasks import REGISTRY
+from taskrun.tasks import events as ev
 from taskrun.tasks.base import Input, TaskError, make_options
 from tests.tiny.generate import CONTEXT, build
 
@@ -25,8 +26,8 @@ def tiny(tiny_dir):
 @pytest.fixture
 def llm(tiny):
     """The tiny model's LLM, copied so a test may change its end-of-sequence ids."""
-    from taskrun.pipelines.llm.hf_engine import TransformersLLM
     from taskrun.models.resolve import resolve
+    from taskrun.pipelines.llm.hf_engine import TransformersLLM
 
     return copy.copy(TransformersLLM.load(resolve(tiny), "cpu", "float32"))
 
@@ -34,8 +35,13 @@ def llm(tiny):
 def _run(tiny, prompt=PROMPT, **opts):
     task = REGISTRY["generate"]
     events = []
-    rec = run_job(task, lambda: [Input(source="arg", kind="text", text=prompt)],
-                  make_options(task.Options, opts), model=tiny, on_event=events.append)
+    rec = run_job(
+        task,
+        lambda: [Input(source="arg", kind="text", text=prompt)],
+        make_options(task.Options, opts),
+        model=tiny,
+        on_event=events.append,
+    )
     return rec, events
 
 
@@ -81,7 +87,7 @@ def test_stop_sequence_cuts_the_text_and_never_streams_it(llm):
     stop = full.text[8:11]
     out, pieces = _decode(llm, ids, max_tokens=40, stop=(stop,))
     assert out.finish_reason == "stop_sequence"
-    assert out.text == full.text[:full.text.find(stop)]
+    assert out.text == full.text[: full.text.find(stop)]
     assert "".join(pieces) == out.text and stop not in "".join(pieces)
 
 
@@ -130,25 +136,31 @@ def test_cli_streams_and_marks_a_cut_answer(tiny):
     assert "[cut: stopped at the 3-token limit" in r.output
 
 
-@pytest.mark.parametrize("args,message", [
-    (["   "], "empty"),
-    (["hi", "--max-tokens", "0"], "--max-tokens must be at least 1"),
-    (["hi", "--temperature", "-0.5"], "--temperature must be 0"),
-    (["hi", "--top-p", "0"], "--top-p must be in (0, 1]"),
-    (["hi", "--top-p", "1.5"], "--top-p must be in (0, 1]"),
-    (["hi", "--top-k", "-1"], "--top-k must be 0"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["   "], "empty"),
+        (["hi", "--max-tokens", "0"], "--max-tokens must be at least 1"),
+        (["hi", "--temperature", "-0.5"], "--temperature must be 0"),
+        (["hi", "--top-p", "0"], "--top-p must be in (0, 1]"),
+        (["hi", "--top-p", "1.5"], "--top-p must be in (0, 1]"),
+        (["hi", "--top-k", "-1"], "--top-k must be 0"),
+    ],
+)
 def test_bad_input_is_one_line_naming_the_fix(tiny, args, message):
     r = CliRunner().invoke(main, ["generate", *args, "--model", tiny, "-q"])
     assert r.exit_code != 0
     assert message in r.output and len(r.output.strip().splitlines()) == 1, r.output
 
 
-@pytest.mark.parametrize("content,message", [
-    ("{not json", "is not valid JSON"),
-    ('{"type": 5}', "is not a valid JSON Schema"),
-    ("[1, 2]", "is not a JSON Schema"),
-])
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        ("{not json", "is not valid JSON"),
+        ('{"type": 5}', "is not a valid JSON Schema"),
+        ("[1, 2]", "is not a JSON Schema"),
+    ],
+)
 def test_invalid_json_schema_is_refused_before_loading(tmp_path, content, message):
     f = tmp_path / "schema.json"
     f.write_text(content)
@@ -157,11 +169,17 @@ def test_invalid_json_schema_is_refused_before_loading(tmp_path, content, messag
 
 
 def test_summarize_map_reduce_keeps_each_stage(tiny):
-    text = "\n\n".join(f"Paragraph {i}. The meeting decided to ship the release on Friday. Alice owns "
-                       f"the budget; Bob owns testing." for i in range(30))
+    text = "\n\n".join(
+        f"Paragraph {i}. The meeting decided to ship the release on Friday. Alice owns the budget; Bob owns testing."
+        for i in range(30)
+    )
     task = REGISTRY["summarize"]
-    rec = run_job(task, lambda: [Input(source="t", kind="text", text=text)],
-                  make_options(task.Options, {"max_tokens": 8, "context": 160}), model=tiny)
+    rec = run_job(
+        task,
+        lambda: [Input(source="t", kind="text", text=text)],
+        make_options(task.Options, {"max_tokens": 8, "context": 160}),
+        model=tiny,
+    )
     res, m = rec.results[0], rec.metrics
     assert res.chunks > 1 and m.chunks == res.chunks
     assert [s["stage"] for s in m.stages][-1] == "final"
@@ -171,8 +189,9 @@ def test_summarize_map_reduce_keeps_each_stage(tiny):
 
 
 def test_summarize_short_text_is_one_pass(tiny):
-    r = CliRunner().invoke(main, ["summarize", "The release ships on Friday.", "--model", tiny,
-                                  "--max-tokens", "5", "--json", "-q"])
+    r = CliRunner().invoke(
+        main, ["summarize", "The release ships on Friday.", "--model", tiny, "--max-tokens", "5", "--json", "-q"]
+    )
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert out["items"][0]["result"]["chunks"] == 1 and len(out["metrics"]["stages"]) == 1
@@ -191,8 +210,7 @@ def test_fit_reads_only_the_config(tiny):
 
 @pytest.mark.real
 def test_real_smollm2_knows_the_capital_of_france():
-    r = CliRunner().invoke(main, ["generate", "What is the capital of France?", "--max-tokens", "24",
-                                  "--json", "-q"])
+    r = CliRunner().invoke(main, ["generate", "What is the capital of France?", "--max-tokens", "24", "--json", "-q"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert "Paris" in out["items"][0]["result"]["text"]
@@ -204,9 +222,9 @@ def test_real_smollm2_knows_the_capital_of_france():
 
 def test_lean_decoder_matches_transformers_token_for_token(tiny, monkeypatch):
     """The fast Llama forward (float32) gives exactly the tokens of the transformers module."""
+    from taskrun.models.resolve import resolve
     from taskrun.pipelines import clear_cache
     from taskrun.pipelines.llm.hf_engine import TransformersLLM
-    from taskrun.models.resolve import resolve
 
     card = resolve(tiny)
     clear_cache()
@@ -261,15 +279,26 @@ def test_greedy_on_a_numpy_row_chooses_what_torch_chooses():
         row = rng.normal(0, 3, 1000).astype(np.float32)
         history = list(rng.integers(0, 1000, 30))
         mask = rng.random(1000) < 0.3
-        for settings, allowed in [(Sampling(), None), (Sampling(repeat_penalty=1.3), None),
-                                  (Sampling(repeat_penalty=0.8), mask), (Sampling(), mask)]:
-            want = sample(torch.from_numpy(row.copy()), settings, None, history,
-                          None if allowed is None else torch.from_numpy(allowed))
+        for settings, allowed in [
+            (Sampling(), None),
+            (Sampling(repeat_penalty=1.3), None),
+            (Sampling(repeat_penalty=0.8), mask),
+            (Sampling(), mask),
+        ]:
+            want = sample(
+                torch.from_numpy(row.copy()),
+                settings,
+                None,
+                history,
+                None if allowed is None else torch.from_numpy(allowed),
+            )
             assert sample(row, settings, None, history, allowed) == want, (trial, settings)
     warm = Sampling(temperature=0.8, top_p=0.9, top_k=50, repeat_penalty=1.1)
     a = [sample(row, warm, torch.Generator().manual_seed(k), history, mask) for k in range(20)]
-    b = [sample(torch.from_numpy(row), warm, torch.Generator().manual_seed(k), history,
-                torch.from_numpy(mask)) for k in range(20)]
+    b = [
+        sample(torch.from_numpy(row), warm, torch.Generator().manual_seed(k), history, torch.from_numpy(mask))
+        for k in range(20)
+    ]
     assert a == b and len(set(a)) > 1
 
 

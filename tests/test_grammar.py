@@ -13,22 +13,35 @@ from click.testing import CliRunner
 
 from taskrun.runner.cli import main
 from taskrun.runner.jobs import run_job
-from taskrun.tasks import REGISTRY, events as ev
+from taskrun.tasks import REGISTRY
+from taskrun.tasks import events as ev
 from taskrun.tasks.base import Input, TaskError, make_options
 from tests.tiny.generate import build
 
 # The server tests' session fixtures (one `run serve` on the tiny models), shared with tests/test_serve.py.
 pytest_plugins = ["tests.serve_helpers"]
 
-PETS = {"type": "array", "minItems": 1, "maxItems": 3,
-        "items": {"type": "object", "additionalProperties": False, "required": ["name", "kind"],
-                  "properties": {"name": {"type": "string", "maxLength": 8},
-                                 "kind": {"enum": ["cat", "dog", "fish"]}}}}
-CODES = {"type": "object", "additionalProperties": False, "required": ["code", "size", "id"],
-         "properties": {"code": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{3}$"},
-                        "size": {"enum": ["S", "M", "L"]},
-                        "id": {"oneOf": [{"type": "integer", "maximum": 99},
-                                         {"type": "string", "minLength": 2, "maxLength": 4}]}}}
+PETS = {
+    "type": "array",
+    "minItems": 1,
+    "maxItems": 3,
+    "items": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["name", "kind"],
+        "properties": {"name": {"type": "string", "maxLength": 8}, "kind": {"enum": ["cat", "dog", "fish"]}},
+    },
+}
+CODES = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["code", "size", "id"],
+    "properties": {
+        "code": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{3}$"},
+        "size": {"enum": ["S", "M", "L"]},
+        "id": {"oneOf": [{"type": "integer", "maximum": 99}, {"type": "string", "minLength": 2, "maxLength": 4}]},
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +57,13 @@ def _schema_file(tmp_path, schema) -> str:
 
 def _run(tiny, schema_path, **opts):
     task, events = REGISTRY["generate"], []
-    rec = run_job(task, lambda: [Input(source="arg", kind="text", text="List a few pets.")],
-                  make_options(task.Options, {"json_schema": schema_path, **opts}), model=tiny,
-                  on_event=events.append)
+    rec = run_job(
+        task,
+        lambda: [Input(source="arg", kind="text", text="List a few pets.")],
+        make_options(task.Options, {"json_schema": schema_path, **opts}),
+        model=tiny,
+        on_event=events.append,
+    )
     return rec, events
 
 
@@ -96,14 +113,17 @@ def test_engine_default_vocabulary_view_also_works(tiny, tmp_path):
     assert out.finish_reason == "stop"
 
 
-@pytest.mark.parametrize("schema,named", [
-    ({"type": "object", "properties": {"a": {"not": {"type": "string"}}}}, '"not"'),
-    ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, '"uniqueItems"'),
-    ({"if": {"type": "string"}, "then": {"minLength": 2}}, '"if"'),
-    ({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}, "$ref"),
-    ({"$ref": "https://example.com/schema.json"}, "$ref"),
-    (False, "`false`"),
-])
+@pytest.mark.parametrize(
+    "schema,named",
+    [
+        ({"type": "object", "properties": {"a": {"not": {"type": "string"}}}}, '"not"'),
+        ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, '"uniqueItems"'),
+        ({"if": {"type": "string"}, "then": {"minLength": 2}}, '"if"'),
+        ({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}, "$ref"),
+        ({"$ref": "https://example.com/schema.json"}, "$ref"),
+        (False, "`false`"),
+    ],
+)
 def test_unsupported_schema_is_refused_before_loading(tmp_path, schema, named):
     path = _schema_file(tmp_path, schema)
     r = CliRunner().invoke(main, ["generate", "hi", "--json-schema", path, "--model", "/nonexistent"])
@@ -113,8 +133,9 @@ def test_unsupported_schema_is_refused_before_loading(tmp_path, schema, named):
 
 def test_a_failed_check_fails_the_job_with_the_answer_in_the_message(tiny, tmp_path):
     path = _schema_file(tmp_path, PETS)
-    r = CliRunner().invoke(main, ["generate", "pets", "--json-schema", path, "--model", tiny,
-                                  "--max-tokens", "4", "--seed", "1"])
+    r = CliRunner().invoke(
+        main, ["generate", "pets", "--json-schema", path, "--model", tiny, "--max-tokens", "4", "--seed", "1"]
+    )
     assert r.exit_code != 0, r.output
     assert "does not match --json-schema" in r.output and "raise --max-tokens" in r.output
     assert "The answer began: '[{" in r.output  # what the model wrote, so the failure can be seen
@@ -145,11 +166,17 @@ def test_server_response_format_uses_the_same_grammar(servers):
     fmt = {"type": "json_schema", "json_schema": {"name": "pets", "schema": PETS}}
     for seed in range(3):
         chat = client.chat.completions.create(
-            model="tiny-llama", messages=[{"role": "user", "content": "List a few pets."}], max_tokens=200,
-            temperature=1.0, seed=seed, response_format=fmt)
+            model="tiny-llama",
+            messages=[{"role": "user", "content": "List a few pets."}],
+            max_tokens=200,
+            temperature=1.0,
+            seed=seed,
+            response_format=fmt,
+        )
         jsonschema.validate(json.loads(chat.choices[0].message.content), PETS)
         assert chat.choices[0].finish_reason == "stop"
     bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {"type": "string"}}}}
     with pytest.raises(openai.BadRequestError, match='"not"'):
-        client.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "hi"}],
-                                       max_tokens=5, response_format=bad)
+        client.chat.completions.create(
+            model="tiny-llama", messages=[{"role": "user", "content": "hi"}], max_tokens=5, response_format=bad
+        )

@@ -38,16 +38,23 @@ def uncond(tiny_dir):
         from diffusers import DDIMScheduler, DDPMPipeline, UNet2DModel
 
         torch.manual_seed(0)
-        unet = UNet2DModel(sample_size=8, in_channels=1, out_channels=1, block_out_channels=(8, 16),
-                           layers_per_block=1, norm_num_groups=4,
-                           down_block_types=("DownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D",) * 2)
+        unet = UNet2DModel(
+            sample_size=8,
+            in_channels=1,
+            out_channels=1,
+            block_out_channels=(8, 16),
+            layers_per_block=1,
+            norm_num_groups=4,
+            down_block_types=("DownBlock2D", "DownBlock2D"),
+            up_block_types=("UpBlock2D",) * 2,
+        )
         DDPMPipeline(unet=unet, scheduler=DDIMScheduler()).save_pretrained(folder)
     return folder
 
 
 def pipeline(path):
-    from taskrun.pipelines.diffusion.image import DiffusionPipeline as Pipeline
     from taskrun.models.resolve import resolve
+    from taskrun.pipelines.diffusion.image import DiffusionPipeline as Pipeline
 
     return Pipeline(resolve(str(path)), device="cpu")
 
@@ -103,8 +110,26 @@ def test_same_seed_same_pixels_other_seed_other_pixels(sd):
 
 def test_png_metadata_round_trips_and_n_images_are_numbered(sd, tmp_path):
     out = tmp_path / "fox.png"
-    r = invoke("a red fox", "--model", sd, "--steps", 2, "--seed", 11, "-n", 2, "--negative", "blurry",
-               "--guidance", 4.5, "--scheduler", "euler", "-o", out, "-q")
+    r = invoke(
+        "a red fox",
+        "--model",
+        sd,
+        "--steps",
+        2,
+        "--seed",
+        11,
+        "-n",
+        2,
+        "--negative",
+        "blurry",
+        "--guidance",
+        4.5,
+        "--scheduler",
+        "euler",
+        "-o",
+        out,
+        "-q",
+    )
     assert r.exit_code == 0, r.output
     files = sorted(tmp_path.glob("*.png"))
     assert [f.name for f in files] == ["fox-1.png", "fox-2.png"]
@@ -115,9 +140,24 @@ def test_png_metadata_round_trips_and_n_images_are_numbered(sd, tmp_path):
     assert meta["scheduler"] == "EulerDiscreteScheduler" and meta["model_digest"].startswith("sha256:")
     # the file says how to make it again: same settings → the same pixels
     again = tmp_path / "again.png"
-    r = invoke(meta["prompt"], "--model", sd, "--steps", meta["steps"], "--seed", meta["seed"],
-               "--negative", meta["negative"], "--guidance", meta["guidance"], "--scheduler", "euler",
-               "-o", again, "-q")
+    r = invoke(
+        meta["prompt"],
+        "--model",
+        sd,
+        "--steps",
+        meta["steps"],
+        "--seed",
+        meta["seed"],
+        "--negative",
+        meta["negative"],
+        "--guidance",
+        meta["guidance"],
+        "--scheduler",
+        "euler",
+        "-o",
+        again,
+        "-q",
+    )
     assert r.exit_code == 0, r.output
     from PIL import Image
 
@@ -159,18 +199,20 @@ def no_loading(monkeypatch):
     monkeypatch.setattr(pipelines, "load_pipeline", boom)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--label", "3"], "--label is for class-conditional models; `.*` takes a text prompt"),
-    (["--steps", "0"], "--steps must be between 1 and 1000"),
-    (["-n", "0"], "-n must be between 1 and 64"),
-    (["--size", "33x32"], "multiples of 2 .*e.g. 32x32"),
-    (["--size", "9000x9000"], "out of range"),
-    (["--size", "big"], "WIDTHxHEIGHT"),
-    (["-o", "no/such/folder/x.png"], "does not exist; create it first"),
-    (["--out-dir", "no/such/folder"], "does not exist; create it first"),
-])
-def test_bad_input_on_text_model_is_one_line_error_and_no_files(sd, tmp_path, monkeypatch, no_loading,
-                                                                args, message):
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--label", "3"], "--label is for class-conditional models; `.*` takes a text prompt"),
+        (["--steps", "0"], "--steps must be between 1 and 1000"),
+        (["-n", "0"], "-n must be between 1 and 64"),
+        (["--size", "33x32"], "multiples of 2 .*e.g. 32x32"),
+        (["--size", "9000x9000"], "out of range"),
+        (["--size", "big"], "WIDTHxHEIGHT"),
+        (["-o", "no/such/folder/x.png"], "does not exist; create it first"),
+        (["--out-dir", "no/such/folder"], "does not exist; create it first"),
+    ],
+)
+def test_bad_input_on_text_model_is_one_line_error_and_no_files(sd, tmp_path, monkeypatch, no_loading, args, message):
     monkeypatch.chdir(tmp_path)
     r = invoke("a red fox", "--model", sd, *args)
     assert r.exit_code != 0
@@ -182,9 +224,11 @@ def test_bad_input_on_text_model_is_one_line_error_and_no_files(sd, tmp_path, mo
 
 
 def test_unconditional_model_refuses_prompt_label_and_guidance(uncond, no_loading):
-    for args, says in [(["a cat"], "unconditional image model: no prompt and no label"),
-                       (["--label", "1"], "unconditional"),
-                       (["--guidance", "2"], "no classifier-free guidance; drop --guidance")]:
+    for args, says in [
+        (["a cat"], "unconditional image model: no prompt and no label"),
+        (["--label", "1"], "unconditional"),
+        (["--guidance", "2"], "no classifier-free guidance; drop --guidance"),
+    ]:
         r = invoke(*args, "--model", uncond)
         assert r.exit_code != 0 and says in r.output, r.output
 
@@ -234,12 +278,14 @@ def as_digits(pixels):
 
 @pytest.mark.real
 def test_digits_model_refuses_before_loading(no_loading):
-    for args, says in [(["a cat"], "names no class; this class-conditional model draws one of: 0, 1, 2"),
-                       ([], "say what to draw with --label"),
-                       (["--label", "x"], "no label 'x'"),
-                       (["a 3", "--label", "4"], "the prompt names 3 but --label says 4"),
-                       (["--label", "3", "--negative", "blurry"], "--negative needs a text-to-image model"),
-                       (["--label", "3", "--size", "9x8"], "multiples of 2")]:
+    for args, says in [
+        (["a cat"], "names no class; this class-conditional model draws one of: 0, 1, 2"),
+        ([], "say what to draw with --label"),
+        (["--label", "x"], "no label 'x'"),
+        (["a 3", "--label", "4"], "the prompt names 3 but --label says 4"),
+        (["--label", "3", "--negative", "blurry"], "--negative needs a text-to-image model"),
+        (["--label", "3", "--size", "9x8"], "multiples of 2"),
+    ]:
         r = invoke(*args)
         assert r.exit_code != 0 and says in r.output, (args, r.output)
 
@@ -314,8 +360,11 @@ def test_training_script_is_reproducible(tmp_path):
 
     script = Path(__file__).resolve().parent.parent / "tools" / "train_digits.py"
     for name in ("a", "b"):
-        subprocess.run([sys.executable, str(script), "--steps", "5", "--batch", "32", "--out", str(tmp_path / name)],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, str(script), "--steps", "5", "--batch", "32", "--out", str(tmp_path / name)],
+            check=True,
+            capture_output=True,
+        )
     weights = [(tmp_path / n / "unet" / "diffusion_pytorch_model.safetensors").read_bytes() for n in "ab"]
     assert weights[0] == weights[1]
     assert json.loads((tmp_path / "a" / "conditioning.json").read_text())["null_class"] == 10

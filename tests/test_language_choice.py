@@ -37,8 +37,9 @@ def tiny_pair(tiny_dir, tmp_path, monkeypatch):
     aliases = {"tiny-en": {"local": str(build_ct2(tiny_dir))}, "tiny-multi": {"local": str(multi)}}
     toml = models_toml_with(aliases, tmp_path)
     text = toml.read_text().replace('"transcribe" = "whisper-tiny.en"', '"transcribe" = "tiny-en"')
-    toml.write_text(text.replace('"transcribe:multilingual" = "whisper-base"',
-                                 '"transcribe:multilingual" = "tiny-multi"'))
+    toml.write_text(
+        text.replace('"transcribe:multilingual" = "whisper-base"', '"transcribe:multilingual" = "tiny-multi"')
+    )
     monkeypatch.setenv("TASKRUN_MODELS_TOML", str(toml))
     monkeypatch.setattr(language, "english_only", lambda card: card.name == "tiny-en")
     heard = []
@@ -65,8 +66,8 @@ def test_default_switches_to_the_multilingual_model_and_says_so(tiny_pair, tiny_
     assert r.stderr.count("note:") == 1 and "English-only" in r.stderr  # one line on stderr
     row = RunLog().recent(1)[0]
     # the job's notes, then what ran (here how CTranslate2's threads waited)
-    assert row["model"] == "tiny-multi" and row["notes"][:len(out["notes"])] == out["notes"]
-    assert all(n.startswith("CTranslate2's threads ") for n in row["notes"][len(out["notes"]):])
+    assert row["model"] == "tiny-multi" and row["notes"][: len(out["notes"])] == out["notes"]
+    assert all(n.startswith("CTranslate2's threads ") for n in row["notes"][len(out["notes"]) :])
     assert row["model_digest"] == out["model"]["digest"]
 
 
@@ -182,8 +183,10 @@ def test_the_detector_thread_loads_the_asked_model_while_it_listens(monkeypatch,
     monkeypatch.setattr(language, "_detector", load)
     monkeypatch.setattr(language, "first_speech", lambda path: np.zeros(16000, np.float32) if speech else None)
     warm = lambda: events.append(("warm", threading.current_thread().name))  # noqa: E731
-    assert language.detect([Input(source="a.wav", kind="audio", path="a.wav")], "multi", "cpu", True,
-                           meanwhile=warm) is None  # English: no switch
+    assert (
+        language.detect([Input(source="a.wav", kind="audio", path="a.wav")], "multi", "cpu", True, meanwhile=warm)
+        is None
+    )  # English: no switch
     main_thread = threading.current_thread().name
     if not speech:
         assert [e for e, _ in events] == ["load detector"]
@@ -193,11 +196,14 @@ def test_the_detector_thread_loads_the_asked_model_while_it_listens(monkeypatch,
     assert where["detect"] == main_thread and where["warm"] == where["load detector"] != main_thread
 
 
-@pytest.mark.parametrize("quick, verdict, heard_s", [
-    (("en", 0.99), None, [4.0]),  # a clear English on 4 s: settled, no second pass
-    (("en", 0.80), None, [4.0, 8.0]),  # unsure: the whole 8 s decides, as before
-    (("de", 0.99), ("x.wav", "de", 0.97), [4.0, 8.0]),  # not English: the whole 8 s decides the switch
-])
+@pytest.mark.parametrize(
+    "quick, verdict, heard_s",
+    [
+        (("en", 0.99), None, [4.0]),  # a clear English on 4 s: settled, no second pass
+        (("en", 0.80), None, [4.0, 8.0]),  # unsure: the whole 8 s decides, as before
+        (("de", 0.99), ("x.wav", "de", 0.97), [4.0, 8.0]),  # not English: the whole 8 s decides the switch
+    ],
+)
 def test_clear_english_is_settled_on_the_first_seconds(monkeypatch, quick, verdict, heard_s):
     """The detector hears QUICK_S seconds first; only a sure English ends it there. Anything else
     is heard again on all DETECT_S seconds, and that second answer is the one used."""

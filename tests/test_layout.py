@@ -85,8 +85,7 @@ def door(module: str) -> str | None:
 
 
 def door_imports(g: dict[str, set[str]]) -> list[str]:
-    return sorted(f"{m} imports {t}" for m, ts in g.items() for t in ts
-                  if door(m) and door(t) and door(m) != door(t))
+    return sorted(f"{m} imports {t}" for m, ts in g.items() for t in ts if door(m) and door(t) and door(m) != door(t))
 
 
 def cycles(g: dict[str, set[str]]) -> list[list[str]]:
@@ -205,15 +204,31 @@ def test_pipelines_are_family_subpackages():
 def wheel(tmp_path_factory) -> Path:
     """The wheel built from the committed-or-not files git tracks, outside the checkout."""
     src = tmp_path_factory.mktemp("src")
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, check=True,
-                           capture_output=True, text=True).stdout.split("\n")
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, check=True, capture_output=True, text=True
+    ).stdout.split("\n")
     for rel in filter(None, files):
         if (ROOT / rel).is_file():
             (src / rel).parent.mkdir(parents=True, exist_ok=True)
             (src / rel).write_bytes((ROOT / rel).read_bytes())
     out = tmp_path_factory.mktemp("dist")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "--no-index", "-w", str(out), str(src)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-w",
+            str(out),
+            str(src),
+        ],
+        check=True,
+        capture_output=True,
+    )
     return next(out.glob("taskrun-*.whl"))
 
 
@@ -226,9 +241,12 @@ def test_the_wheel_installs_one_import_name(wheel):
 def test_the_wheel_holds_every_module_and_data_file(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     expected = {"taskrun/" + str(p.relative_to(ROOT)) for p in modules(ROOT).values()}
-    expected |= {"taskrun/configs/models.toml", "taskrun/configs/chains/meeting-notes.toml",
-                 "taskrun/pipelines/vision/imagenet_classes.txt",
-                 "taskrun/pipelines/diffusion/digits-ddpm/unet/diffusion_pytorch_model.safetensors"}
+    expected |= {
+        "taskrun/configs/models.toml",
+        "taskrun/configs/chains/meeting-notes.toml",
+        "taskrun/pipelines/vision/imagenet_classes.txt",
+        "taskrun/pipelines/diffusion/digits-ddpm/unet/diffusion_pytorch_model.safetensors",
+    }
     assert expected <= names, sorted(expected - names)
 
 
@@ -264,12 +282,18 @@ def test_a_runtime_is_added_through_the_table_alone(tiny_dir, tmp_path, monkeypa
     from tests.tiny import models_toml_with
     from tests.tiny.bert import build
 
-    monkeypatch.setitem(RUNTIMES, ("embed", "fake"), Runtime(
-        "taskrun.pipelines.text.embed:EmbedPipeline", engine=f"{__name__}:FakeEncoder"))
+    monkeypatch.setitem(
+        RUNTIMES,
+        ("embed", "fake"),
+        Runtime("taskrun.pipelines.text.embed:EmbedPipeline", engine=f"{__name__}:FakeEncoder"),
+    )
     aliases = {"tiny-fake": {"local": str(build(tiny_dir)), "runtimes": ["transformers", "fake"]}}
     monkeypatch.setenv("TASKRUN_MODELS_TOML", str(models_toml_with(aliases, tmp_path)))
-    r = CliRunner().invoke(main, ["embed", "abc", "cab", "zzz", "-m", "tiny-fake", "--runtime", "fake",
-                                  "--json", "-q"], catch_exceptions=False)
+    r = CliRunner().invoke(
+        main,
+        ["embed", "abc", "cab", "zzz", "-m", "tiny-fake", "--runtime", "fake", "--json", "-q"],
+        catch_exceptions=False,
+    )
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert (out["status"], out["runtime"], out["metrics"]["dim"]) == ("ok", "fake", 26)

@@ -32,12 +32,16 @@ def _transcribe_chain(tmp_path: Path, model: Path, options: str = "", then: Path
     """A one-step chain of transcribe (with ``model``), or meeting-notes' two steps with ``then``
     (a generate model) summarising the transcript."""
     f = tmp_path / "t.toml"
-    body = (f'name = "notes"\ninputs = {{ recording = "audio" }}\n'
-            f'[[steps]]\ntask = "transcribe"\ninput = "recording"\noutput = "transcript"\n'
-            f'artifact = "transcript.txt"\nmodel = "{model}"\n{options}')
+    body = (
+        f'name = "notes"\ninputs = {{ recording = "audio" }}\n'
+        f'[[steps]]\ntask = "transcribe"\ninput = "recording"\noutput = "transcript"\n'
+        f'artifact = "transcript.txt"\nmodel = "{model}"\n{options}'
+    )
     if then is not None:
-        body += (f'[[steps]]\ntask = "summarize"\ninput = "transcript"\noutput = "summary"\n'
-                 f'artifact = "summary.txt"\nmodel = "{then}"\noptions = {{ max_tokens = 6 }}\n')
+        body += (
+            f'[[steps]]\ntask = "summarize"\ninput = "transcript"\noutput = "summary"\n'
+            f'artifact = "summary.txt"\nmodel = "{then}"\noptions = {{ max_tokens = 6 }}\n'
+        )
     f.write_text(body)
     return str(f)
 
@@ -65,8 +69,9 @@ def test_a_chain_step_with_a_partial_result_exits_1_and_still_writes(tiny_dir, t
 def test_allow_partial_accepts_a_chain_steps_partial_result(tiny_dir, tmp_path):
     chain = _transcribe_chain(tmp_path, build_ct2(tiny_dir))
     out = tmp_path / "out"
-    r = CliRunner().invoke(main, ["chain", chain, str(_cut_recording(tmp_path)), "-o", str(out),
-                                  "--allow-partial", "--json"])
+    r = CliRunner().invoke(
+        main, ["chain", chain, str(_cut_recording(tmp_path)), "-o", str(out), "--allow-partial", "--json"]
+    )
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout.strip().splitlines()[-1])
     assert doc["stages"][0]["status"] == "partial"  # accepted, still logged as what it is
@@ -96,8 +101,14 @@ def test_allow_partial_reaches_only_the_steps_that_take_it():
     assert chain.steps[0].options == {"allow_partial": True}
     assert chain.steps[1].options == {"length": "medium"}
     assert load_chain("meeting-notes").steps[0].options == {}  # the file's chain is not changed
-    overridden = allow_partial(parse_chain({"inputs": {"r": "audio"}, "steps": [
-        {"task": "transcribe", "input": "r", "options": {"allow_partial": False}}]}))
+    overridden = allow_partial(
+        parse_chain(
+            {
+                "inputs": {"r": "audio"},
+                "steps": [{"task": "transcribe", "input": "r", "options": {"allow_partial": False}}],
+            }
+        )
+    )
     assert overridden.steps[0].options == {"allow_partial": True}  # the command line wins
 
 
@@ -128,14 +139,17 @@ def _notes(tmp_path: Path) -> Path:
     return notes
 
 
-@pytest.mark.parametrize("args", [["summarize", "{notes}"], ["summarize", "-f", "{notes}"],
-                                  ["generate", "hi", "--json-schema", "{notes}"]],
-                         ids=["argument", "-f", "json-schema"])
+@pytest.mark.parametrize(
+    "args",
+    [["summarize", "{notes}"], ["summarize", "-f", "{notes}"], ["generate", "hi", "--json-schema", "{notes}"]],
+    ids=["argument", "-f", "json-schema"],
+)
 def test_server_refuses_an_output_that_is_an_input_before_sending(tmp_path, args):
     notes = _notes(tmp_path)
     before = notes.read_bytes()
-    r = CliRunner().invoke(main, [a.replace("{notes}", str(notes)) for a in args]
-                           + ["-o", str(notes), "--server", NOWHERE])
+    r = CliRunner().invoke(
+        main, [a.replace("{notes}", str(notes)) for a in args] + ["-o", str(notes), "--server", NOWHERE]
+    )
     assert r.exit_code == 1, r.output
     assert "also an input of this job" in r.output and "Pick another output name" in r.output
     assert "cannot reach" not in r.output and len(r.output.strip().splitlines()) == 1
@@ -168,9 +182,11 @@ def test_two_names_for_one_file_share_one_server_worker(tiny_dir):
     from taskrun.runner.serve.workers import Workers
     from taskrun.tasks.base import TaskError
 
-    cards = {"alias": SimpleNamespace(digest="sha256:aa", path="/m/a.gguf"),
-             "/m/a.gguf": SimpleNamespace(digest="sha256:aa", path="/m/a.gguf"),
-             "other": SimpleNamespace(digest="sha256:bb", path="/m/b.gguf")}
+    cards = {
+        "alias": SimpleNamespace(digest="sha256:aa", path="/m/a.gguf"),
+        "/m/a.gguf": SimpleNamespace(digest="sha256:aa", path="/m/a.gguf"),
+        "other": SimpleNamespace(digest="sha256:bb", path="/m/b.gguf"),
+    }
 
     def card(name):
         if name not in cards:

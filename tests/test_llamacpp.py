@@ -61,8 +61,9 @@ test_metrics_are_consistent = contract.test_metrics_are_consistent
 
 
 def test_a_gguf_runs_on_llama_cpp_by_default_and_the_log_says_so(tiny):
-    r = CliRunner().invoke(main, ["generate", contract.PROMPT, "--model", tiny, "--max-tokens", "4",
-                                  "--seed", "1", "--json", "-q"])
+    r = CliRunner().invoke(
+        main, ["generate", contract.PROMPT, "--model", tiny, "--max-tokens", "4", "--seed", "1", "--json", "-q"]
+    )
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert (out["runtime"], out["device"], out["dtype"]) == ("llama.cpp", "cpu", "f32")
@@ -125,8 +126,7 @@ def test_score_prefers_the_likelier_continuation(llm, hf):
 
 
 def test_unsupported_choices_name_the_fix(tiny, tiny_dir):
-    for args, message in ((["--dtype", "float32"], "--runtime transformers"),
-                          (["--device", "cuda"], "--device cpu")):
+    for args, message in ((["--dtype", "float32"], "--runtime transformers"), (["--device", "cuda"], "--device cpu")):
         r = CliRunner().invoke(main, ["generate", "hi", "--model", tiny, "--runtime", "llama.cpp", "-q", *args])
         assert r.exit_code != 0 and message in r.output, r.output
     r = CliRunner().invoke(main, ["generate", "hi", "--model", str(build_hf(tiny_dir)), "--runtime", "llama.cpp", "-q"])
@@ -137,8 +137,22 @@ def test_nothing_reaches_stderr_under_quiet(tiny, tmp_path):
     """llama.cpp prints its load log from C; under -q stderr stays empty (a separate process, so
     the C-level stream is the real one)."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", TASKRUN_CACHE_DIR=str(tmp_path / "cache"))
-    r = subprocess.run([os.path.join(os.path.dirname(sys.executable), "run"), "generate", "hi", "--model", tiny,
-                        "--max-tokens", "3", "-q"], capture_output=True, text=True, env=env, timeout=120)
+    r = subprocess.run(
+        [
+            os.path.join(os.path.dirname(sys.executable), "run"),
+            "generate",
+            "hi",
+            "--model",
+            tiny,
+            "--max-tokens",
+            "3",
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     noise = [x for x in r.stderr.splitlines() if x and not x.startswith("[cut: ")]  # taskrun's own notice
     assert noise == [] and r.stdout.strip(), r.stderr
@@ -151,8 +165,7 @@ def test_greedy_jobs_on_llama_cpp_never_import_torch(tiny, tmp_path):
     every engine)."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", TASKRUN_CACHE_DIR=str(tmp_path / "cache"))
     schema = tmp_path / "schema.json"
-    schema.write_text(json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}},
-                                  "required": ["ok"]}))
+    schema.write_text(json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}))
     from tests.process_helpers import cli_imports
 
     for extra in ([], ["--json-schema", schema, "--max-tokens", "24"], ["--repeat-penalty", "1.3"]):
@@ -230,15 +243,51 @@ def test_json_schema_is_valid_by_construction_on_llama_cpp(tiny, tmp_path):
     """The grammar (pipelines/llm/grammar.py) reads the engine's token bytes: nested JSON on the
     tiny random model is valid on every seed."""
     schema = tmp_path / "s.json"
-    schema.write_text(json.dumps({"type": "object", "required": ["items"], "additionalProperties": False,
-                                  "properties": {"items": {"type": "array", "minItems": 1, "maxItems": 2, "items": {
-                                      "type": "object", "required": ["kind", "n"], "additionalProperties": False,
-                                      "properties": {"kind": {"enum": ["a", "b"]},
-                                                     "n": {"type": "integer", "minimum": 0, "maximum": 99}}}}}}))
+    schema.write_text(
+        json.dumps(
+            {
+                "type": "object",
+                "required": ["items"],
+                "additionalProperties": False,
+                "properties": {
+                    "items": {
+                        "type": "array",
+                        "minItems": 1,
+                        "maxItems": 2,
+                        "items": {
+                            "type": "object",
+                            "required": ["kind", "n"],
+                            "additionalProperties": False,
+                            "properties": {
+                                "kind": {"enum": ["a", "b"]},
+                                "n": {"type": "integer", "minimum": 0, "maximum": 99},
+                            },
+                        },
+                    }
+                },
+            }
+        )
+    )
     for seed in range(3):
-        r = CliRunner().invoke(main, ["generate", "List things.", "--model", tiny, "--json-schema", str(schema),
-                                      "--temperature", "1.0", "--seed", str(seed), "--max-tokens", "200",
-                                      "--json", "-q"])
+        r = CliRunner().invoke(
+            main,
+            [
+                "generate",
+                "List things.",
+                "--model",
+                tiny,
+                "--json-schema",
+                str(schema),
+                "--temperature",
+                "1.0",
+                "--seed",
+                str(seed),
+                "--max-tokens",
+                "200",
+                "--json",
+                "-q",
+            ],
+        )
         assert r.exit_code == 0, r.output
         res = json.loads(r.stdout.strip().splitlines()[-1])["items"][0]["result"]
         assert res["schema_valid"] is True, res["text"]
@@ -307,7 +356,7 @@ def test_a_different_prompt_reuses_nothing(llm):
     other = llm.prompt_ids("Paris is the capital of France, and Berlin that of Germany.", raw=True)
     assert _shared(other, llm.native.tokens) == 0
     out, _ = contract._decode(llm, other, max_tokens=4)
-    assert out.cached_prompt_tokens == 0 and llm.native.tokens[:len(other)] == other
+    assert out.cached_prompt_tokens == 0 and llm.native.tokens[: len(other)] == other
 
 
 def test_a_shared_prefix_shorter_than_min_reuse_is_read_again(llm):
@@ -315,7 +364,7 @@ def test_a_shared_prefix_shorter_than_min_reuse_is_read_again(llm):
 
     long = llm.encode(" ".join(["The meeting decided to ship on Friday."] * 4))
     contract._decode(llm, long, max_tokens=2)
-    short = long[:MIN_REUSE - 1] + llm.encode(" Paris")
+    short = long[: MIN_REUSE - 1] + llm.encode(" Paris")
     llm.prefill(short, room=2)
     assert llm.cached_tokens == 0 and llm.native.tokens == short
 
@@ -347,7 +396,7 @@ def test_a_context_regrown_by_ensure_starts_empty(llm):
     ids = llm.prompt_ids(contract.PROMPT)
     contract._decode(llm, ids, max_tokens=3)
     native = llm.native
-    assert native.tokens[:len(ids)] == ids and native.prompt_end is not None
+    assert native.tokens[: len(ids)] == ids and native.prompt_end is not None
     llm.prefill(ids, room=native.n_ctx)  # more room than the context has
     assert llm.cached_tokens == 0 and native.tokens == ids and native.n_ctx >= len(ids) + 512
     native.ensure(native.n_ctx * 2)
@@ -400,21 +449,21 @@ def test_same_seed_same_text_with_the_float16_prompt_copy(tiny_q4):
     turn2 = ids + a.token_ids + llm.encode(" And Germany?")
     c, _ = contract._decode(llm, turn2, max_tokens=4)  # the new tokens read on the float16 copy
     assert c.cached_prompt_tokens == len(ids) + len(a.token_ids) - 1  # the last answer token was never read
-    assert llm.native.tokens[:len(turn2)] == turn2 and llm.prompt_native.tokens == []
+    assert llm.native.tokens[: len(turn2)] == turn2 and llm.prompt_native.tokens == []
 
 
 def test_chat_turn_two_reuses_turn_ones_conversation(tiny):
     from taskrun.runner.runlog.store import RunLog
 
-    r = CliRunner().invoke(main, ["chat", "--model", tiny, "--max-tokens", "6", "--seed", "1"],
-                           input="Hi there\nWhat did I say?\n")
+    r = CliRunner().invoke(
+        main, ["chat", "--model", tiny, "--max-tokens", "6", "--seed", "1"], input="Hi there\nWhat did I say?\n"
+    )
     assert r.exit_code == 0, r.output
     rows = list(reversed(RunLog().recent(10, task="generate")))
     assert len(rows) == 2
     first, second = (x["metrics"] for x in rows)
     assert second["cached_prompt_tokens"] >= first["input_tokens"]
     assert second["cached_prompt_tokens"] < second["input_tokens"]
-
 
 
 def test_summarize_counts_the_prompt_tokens_its_stages_kept(tiny):
@@ -424,10 +473,13 @@ def test_summarize_counts_the_prompt_tokens_its_stages_kept(tiny):
     from taskrun.pipelines.llm.llamacpp import MIN_REUSE
     from taskrun.runner.runlog.store import RunLog
 
-    text = "\n\n".join(f"Paragraph {i}. The meeting decided to ship the release on Friday. Alice owns "
-                       f"the budget; Bob owns testing." for i in range(30))
-    r = CliRunner().invoke(main, ["summarize", text, "--model", tiny, "--max-tokens", "8", "--context", "160",
-                                  "--json", "-q"])
+    text = "\n\n".join(
+        f"Paragraph {i}. The meeting decided to ship the release on Friday. Alice owns the budget; Bob owns testing."
+        for i in range(30)
+    )
+    r = CliRunner().invoke(
+        main, ["summarize", text, "--model", tiny, "--max-tokens", "8", "--context", "160", "--json", "-q"]
+    )
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout.strip().splitlines()[-1])
     m = out["metrics"]
@@ -440,13 +492,16 @@ def test_summarize_counts_the_prompt_tokens_its_stages_kept(tiny):
     assert logged["cached_prompt_tokens"] == m["cached_prompt_tokens"]
 
 
-@pytest.mark.parametrize("others, load, threads", [
-    (0, 9.0, 2),  # nobody else runnable now, though a minute's load average remembers a busy machine
-    (1, 0.0, 1),  # a neighbour that just started: the load average does not know it yet
-    (5, 0.0, 1),  # never fewer than one
-    (None, 0.2, 2),  # no /proc/loadavg: the load average, this process's own thread in it
-    (None, 2.0, 1),
-])
+@pytest.mark.parametrize(
+    "others, load, threads",
+    [
+        (0, 9.0, 2),  # nobody else runnable now, though a minute's load average remembers a busy machine
+        (1, 0.0, 1),  # a neighbour that just started: the load average does not know it yet
+        (5, 0.0, 1),  # never fewer than one
+        (None, 0.2, 2),  # no /proc/loadavg: the load average, this process's own thread in it
+        (None, 2.0, 1),
+    ],
+)
 def test_prompt_threads_leave_the_cores_other_processes_run_on_now(monkeypatch, others, load, threads):
     from taskrun.pipelines import device
     from taskrun.pipelines.llm.llamacpp_native import prompt_threads

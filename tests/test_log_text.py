@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from taskrun.runner.runlog import store as runlog
 from taskrun.runner.cli import main
+from taskrun.runner.runlog import store as runlog
 from taskrun.runner.runlog.store import RunLog
-
 from tests.tiny import generate as tiny_generate
 from tests.tiny import models_toml_with
 from tests.tiny import summarize as tiny_summarize
@@ -75,8 +74,7 @@ def test_no_log_text_keeps_no_text(how, tiny_dir, tmp_path, monkeypatch):
         toml = models_toml_with({}, tmp_path)
         toml.write_text(toml.read_text() + "\n[log]\ntext = false\n")
         monkeypatch.setenv("TASKRUN_MODELS_TOML", str(toml))
-    out = job("generate", tiny_dir, *prefix, extra=(*extra, "--system", "a walrus rule"),
-              input_text="the zebra secret")
+    out = job("generate", tiny_dir, *prefix, extra=(*extra, "--system", "a walrus rule"), input_text="the zebra secret")
     assert RunLog().texts(out["id"]) == []
     row = RunLog().get(out["id"])
     assert row["status"] == "ok" and row["metrics"]["output_tokens"] > 0  # the row itself is kept
@@ -117,8 +115,15 @@ def test_search_finds_answers_too(tiny_dir):
 
 def _rows(n_texts: dict[str, str], log: RunLog) -> None:
     for run_id, text in n_texts.items():
-        log.append({"id": run_id, "started_at": "2026-01-01T00:00:00", "task": "generate", "status": "ok",
-                    "texts": [(0, "input", text)]})
+        log.append(
+            {
+                "id": run_id,
+                "started_at": "2026-01-01T00:00:00",
+                "task": "generate",
+                "status": "ok",
+                "texts": [(0, "input", text)],
+            }
+        )
 
 
 def test_without_fts5_search_falls_back_and_says_so(tmp_path, monkeypatch, capsys):
@@ -160,14 +165,20 @@ def test_batch_and_server_jobs_keep_texts_the_same_way(tiny_dir, tmp_path):
     through run_job: the texts still reach the log, and the wrappers see both rows of a job."""
     from taskrun.runner.batch.work import LogTap
     from taskrun.runner.jobs import run_spec
-    from taskrun.tasks.wire.jobspec import JobSpec
     from taskrun.runner.serve.workers import CapturingLog
     from taskrun.tasks.base import Input
+    from taskrun.tasks.wire.jobspec import JobSpec
 
     model = str(tiny_generate.build(tiny_dir))
     for i, wrap in enumerate((CapturingLog, LogTap)):
-        spec = JobSpec(task="generate", inputs=[Input(source="request", kind="text", text=f"orbit{i} moon")],
-                       options={"max_tokens": 4}, model=model, runtime=None, id=None)
+        spec = JobSpec(
+            task="generate",
+            inputs=[Input(source="request", kind="text", text=f"orbit{i} moon")],
+            options={"max_tokens": 4},
+            model=model,
+            runtime=None,
+            id=None,
+        )
         rec = run_spec(spec, log=wrap(RunLog()), device="cpu", dtype="auto", offline=True)
         assert [r["id"] for r in RunLog().search(f"orbit{i}")] == [rec.id]
         assert RunLog().get(rec.id)["status"] == "ok"
@@ -176,8 +187,12 @@ def test_batch_and_server_jobs_keep_texts_the_same_way(tiny_dir, tmp_path):
 def test_batch_command_keeps_texts(tiny_dir, tmp_path):
     model = str(tiny_generate.build(tiny_dir))
     jobs = tmp_path / "jobs.jsonl"
-    jobs.write_text(json.dumps({"id": "j1", "task": "generate", "input": "a walrus sings",
-                                "options": {"max_tokens": 4}, "model": model}) + "\n")
+    jobs.write_text(
+        json.dumps(
+            {"id": "j1", "task": "generate", "input": "a walrus sings", "options": {"max_tokens": 4}, "model": model}
+        )
+        + "\n"
+    )
     r = invoke("batch", str(jobs), "-o", str(tmp_path / "out.jsonl"), "-q")
     assert r.exit_code == 0, r.output
     found = RunLog().search("walrus")

@@ -19,10 +19,9 @@ from taskrun.pipelines import (
     memory_budget,
     set_memory_budget,
 )
-
 from taskrun.tasks.base import ModelCard, TaskError
 
-MB = 10 ** 6
+MB = 10**6
 
 
 @pytest.fixture(autouse=True)
@@ -35,9 +34,17 @@ def fresh_cache():
 
 
 def card(name: str, size_bytes: int = 0) -> ModelCard:
-    return ModelCard(name=name, path=f"/models/{name}", architecture="Fake", tasks=("embed",),
-                     runtime="torch", runtimes=("torch",), size_bytes=size_bytes, digest=f"sha256:{name}",
-                     source="test")
+    return ModelCard(
+        name=name,
+        path=f"/models/{name}",
+        architecture="Fake",
+        tasks=("embed",),
+        runtime="torch",
+        runtimes=("torch",),
+        size_bytes=size_bytes,
+        digest=f"sha256:{name}",
+        source="test",
+    )
 
 
 class Engine:
@@ -133,8 +140,16 @@ def test_sizes_come_from_torch_modules_or_the_card():
     assert info[("torchy", "model")]["bytes"] == 2 * MB  # measured, not the card's 999
     assert info[("ct2", "engine")]["bytes"] == 5 * MB  # no torch modules: the card's size
     assert info[("torchy", "tokenizer")]["bytes"] == 0  # a second role of a loaded model
-    assert set(info[("ct2", "engine")]) == {"model", "digest", "runtime", "device", "dtype", "role", "bytes",
-                                            "last_used"}
+    assert set(info[("ct2", "engine")]) == {
+        "model",
+        "digest",
+        "runtime",
+        "device",
+        "dtype",
+        "role",
+        "bytes",
+        "last_used",
+    }
 
 
 def test_budget_unloads_least_recently_used_first():
@@ -192,10 +207,19 @@ def test_card_size_makes_room_before_the_load():
     assert loaded() == ["c"]
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("4GB", 4 * 10 ** 9), ("4GiB", 4 * 2 ** 30), ("4g", 4 * 2 ** 30), ("512MB", 512 * 10 ** 6),
-    ("1.5 GB", 1_500_000_000), ("100", 100), (2048, 2048), ("2kib", 2048),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("4GB", 4 * 10**9),
+        ("4GiB", 4 * 2**30),
+        ("4g", 4 * 2**30),
+        ("512MB", 512 * 10**6),
+        ("1.5 GB", 1_500_000_000),
+        ("100", 100),
+        (2048, 2048),
+        ("2kib", 2048),
+    ],
+)
 def test_parse_size(text, expected):
     assert parse_size(text) == expected
 

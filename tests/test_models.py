@@ -9,15 +9,18 @@ import pytest
 from taskrun.models.resolve import resolve, weights_format
 
 
-@pytest.mark.parametrize("files, architecture, expected", [
-    (["config.json", "model.safetensors"], "BertModel", "safetensors"),
-    (["config.json", "pytorch_model.bin"], "BertModel", "bin"),
-    (["config.json", "model.bin", "vocabulary.txt"], "WhisperCT2", "ct2"),
-    (["SmolLM2.Q4_1.gguf"], "LlamaForCausalLM", "gguf"),
-    (["model_index.json", "unet/diffusion_pytorch_model.safetensors"], "DDPMPipeline", "safetensors"),
-    (["pnet.pt", "rnet.pt", "onet.pt"], "MTCNN", "pth"),
-    (["notes.txt"], "unknown", "unknown"),
-])
+@pytest.mark.parametrize(
+    "files, architecture, expected",
+    [
+        (["config.json", "model.safetensors"], "BertModel", "safetensors"),
+        (["config.json", "pytorch_model.bin"], "BertModel", "bin"),
+        (["config.json", "model.bin", "vocabulary.txt"], "WhisperCT2", "ct2"),
+        (["SmolLM2.Q4_1.gguf"], "LlamaForCausalLM", "gguf"),
+        (["model_index.json", "unet/diffusion_pytorch_model.safetensors"], "DDPMPipeline", "safetensors"),
+        (["pnet.pt", "rnet.pt", "onet.pt"], "MTCNN", "pth"),
+        (["notes.txt"], "unknown", "unknown"),
+    ],
+)
 def test_weights_format_is_read_from_the_files(tmp_path, files, architecture, expected):
     for rel in files:
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)

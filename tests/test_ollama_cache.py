@@ -22,14 +22,22 @@ def test_ollama_chat_counts_the_cached_part_of_a_resent_conversation(servers):
     ollama = pytest.importorskip("ollama")
     pytest.importorskip("llama_cpp")
     url = servers[0].url
-    turns = [{"role": "system", "content": "You are a helpful assistant. Answer in one short sentence."},
-             {"role": "user", "content": "What is the capital of Spain, the country in south-western Europe?"}]
-    first = ollama.Client(host=url, timeout=60).chat(model="tiny-gguf", messages=turns,
-                                                     options={"num_predict": 4, "seed": 1}, stream=False)
-    more = turns + [{"role": "assistant", "content": first.message.content},
-                    {"role": "user", "content": "And of Portugal?"}]
-    r = httpx.post(f"{url}/api/chat", timeout=60, json={
-        "model": "tiny-gguf", "messages": more, "options": {"num_predict": 4, "seed": 1}, "stream": False})
+    turns = [
+        {"role": "system", "content": "You are a helpful assistant. Answer in one short sentence."},
+        {"role": "user", "content": "What is the capital of Spain, the country in south-western Europe?"},
+    ]
+    first = ollama.Client(host=url, timeout=60).chat(
+        model="tiny-gguf", messages=turns, options={"num_predict": 4, "seed": 1}, stream=False
+    )
+    more = turns + [
+        {"role": "assistant", "content": first.message.content},
+        {"role": "user", "content": "And of Portugal?"},
+    ]
+    r = httpx.post(
+        f"{url}/api/chat",
+        timeout=60,
+        json={"model": "tiny-gguf", "messages": more, "options": {"num_predict": 4, "seed": 1}, "stream": False},
+    )
     r.raise_for_status()
     second = r.json()
     assert second["done"] and second["prompt_eval_count"] > first.prompt_eval_count

@@ -11,8 +11,7 @@ from taskrun.runner.cli import main
 
 
 def test_json_mode_still_writes_the_images_and_names_them(tmp_path):
-    r = CliRunner().invoke(main, ["image", "--label", "3", "--steps", "2", "--json", "-q",
-                                  "--out-dir", str(tmp_path)])
+    r = CliRunner().invoke(main, ["image", "--label", "3", "--steps", "2", "--json", "-q", "--out-dir", str(tmp_path)])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)  # stdout holds the JSON alone
     files = out["items"][0]["result"]["images"][0]["files"]

@@ -41,26 +41,44 @@ def served(tiny_dir, session_cache, tmp_path_factory):
     import httpx
 
     root = tmp_path_factory.mktemp("served")
-    aliases = {"tiny-bert": {"local": str(bert.build(tiny_dir))},
-               "tiny-llama": {"local": str(generate.build(tiny_dir))},
-               # transformers' Whisper: deterministic on random weights (faster-whisper's temperature
-               # fallback samples, so two runs of a random CTranslate2 model differ even locally)
-               "tiny-whisper": {"local": str(whisper.build(tiny_dir))},
-               "tiny-sd": {"local": str(sd.build(tiny_dir))},
-               "tiny-yolos": {"local": str(build_yolos(tiny_dir))},
-               **alias("tiny-efficientnet", build_efficientnet(tiny_dir), "EfficientNetLite0", "classify",
-                       "image-classification")}
+    aliases = {
+        "tiny-bert": {"local": str(bert.build(tiny_dir))},
+        "tiny-llama": {"local": str(generate.build(tiny_dir))},
+        # transformers' Whisper: deterministic on random weights (faster-whisper's temperature
+        # fallback samples, so two runs of a random CTranslate2 model differ even locally)
+        "tiny-whisper": {"local": str(whisper.build(tiny_dir))},
+        "tiny-sd": {"local": str(sd.build(tiny_dir))},
+        "tiny-yolos": {"local": str(build_yolos(tiny_dir))},
+        **alias(
+            "tiny-efficientnet", build_efficientnet(tiny_dir), "EfficientNetLite0", "classify", "image-classification"
+        ),
+    }
     toml = models_toml_with(aliases, root)
     env = {k: v for k, v in os.environ.items() if k not in ("TASKRUN_SERVER", "TASKRUN_API_KEY")}
-    env.update(TASKRUN_LOG_DB=str(root / "server.db"), TASKRUN_CACHE_DIR=str(session_cache),
-               TASKRUN_MODELS_TOML=str(toml), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env.update(
+        TASKRUN_LOG_DB=str(root / "server.db"),
+        TASKRUN_CACHE_DIR=str(session_cache),
+        TASKRUN_MODELS_TOML=str(toml),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+    )
     corpus = root / "corpus"
     corpus.mkdir()
     (corpus / "a.md").write_text("the cat sat\n\nthe dog barked\n\nstock prices fell\n")
     port = free_port()
     log = open(root / "server.log", "w")
-    cmd = [str(Path(sys.executable).parent / "run"), "serve", "--port", str(port), "--api-key", KEY,
-           "--threads", "1", "--corpus", f"docs={corpus}"]
+    cmd = [
+        str(Path(sys.executable).parent / "run"),
+        "serve",
+        "--port",
+        str(port),
+        "--api-key",
+        KEY,
+        "--threads",
+        "1",
+        "--corpus",
+        f"docs={corpus}",
+    ]
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -127,8 +145,17 @@ def test_embed_npy(both, tmp_path):
 
 
 def test_generate_text_streams_the_same_words(both):
-    args = ["generate", "What is the capital of France?", "--model", "tiny-llama", "--max-tokens", "12",
-            "--temperature", "0", "-q"]
+    args = [
+        "generate",
+        "What is the capital of France?",
+        "--model",
+        "tiny-llama",
+        "--max-tokens",
+        "12",
+        "--temperature",
+        "0",
+        "-q",
+    ]
     local, remote = same_exit(args, both)
     assert local.exit_code == 0 and local.stdout.strip()
     assert remote.stdout == local.stdout
@@ -138,8 +165,9 @@ def test_generate_text_streams_the_same_words(both):
 def test_transcribe_srt_and_text(both, tiny_dir, tmp_path):
     clip = str(whisper.clip(tiny_dir))  # real speech, cut from samples/meeting.wav
     for name in ("a", "b"):
-        result = both(["transcribe", clip, "--model", "whisper-tiny.en", "-o", str(tmp_path / f"{name}.srt")],
-                      name == "b")
+        result = both(
+            ["transcribe", clip, "--model", "whisper-tiny.en", "-o", str(tmp_path / f"{name}.srt")], name == "b"
+        )
         assert result.exit_code == 0, result.output
     srt = (tmp_path / "a.srt").read_text()
     assert "-->" in srt and srt == (tmp_path / "b.srt").read_text()
@@ -148,8 +176,7 @@ def test_transcribe_srt_and_text(both, tiny_dir, tmp_path):
 
 
 def test_classify_json_results(both, tiny_dir):
-    local, remote = jobs(["classify", "good movie", "bad movie", "--labels", "good,bad", "--model", "tiny-bert"],
-                         both)
+    local, remote = jobs(["classify", "good movie", "bad movie", "--labels", "good,bad", "--model", "tiny-bert"], both)
     assert remote["items"] == local["items"] and remote["options"] == local["options"]
     image = str(picture(tiny_dir / "tiny-images"))
     local, remote = jobs(["classify", image, "--model", "tiny-efficientnet", "-k", "3"], both)

@@ -15,10 +15,10 @@ from click.testing import CliRunner
 
 from taskrun.pipelines import RUNTIMES
 from taskrun.runner.cli import main
-from taskrun.runner.remote.records import build, from_json, record_of
 from taskrun.runner.inputs import options_from
 from taskrun.runner.remote.client import Sources, attach_images, local_options, wire_options
 from taskrun.runner.remote.http import http_error, read_stream
+from taskrun.runner.remote.records import build, from_json, record_of
 from taskrun.tasks import REGISTRY
 from taskrun.tasks.base import Input, TaskError, to_jsonable
 from taskrun.tasks.transcribe import Segment, Transcript, Word, to_srt
@@ -66,22 +66,39 @@ def test_embeddings_from_exact_json_write_the_same_npy_and_text(tiny_dir):
     job = json.loads(json.dumps(local.to_json()))  # vectors as float32 values, unrounded
     rec = record_of(task, job, options)
     for fmt in sorted(set(task.formats) - {"text", "json"}):  # npy, and whatever else embed writes
-        assert task.write(rec.results, fmt, Path(f"x.{fmt}"), options) == \
-            task.write(local.results, fmt, Path(f"x.{fmt}"), options), fmt
+        assert task.write(rec.results, fmt, Path(f"x.{fmt}"), options) == task.write(
+            local.results, fmt, Path(f"x.{fmt}"), options
+        ), fmt
     assert [task.render(r, options) for r in rec.results] == [task.render(r, options) for r in local.results]
     assert to_jsonable(rec.to_json()) == to_jsonable(local.to_json())
 
 
 def test_nested_frozen_dataclasses_and_tuples():
-    data = {"source": "a.wav", "text": "hi there", "language": "en", "audio_s": 2.0,
-            "segments": [{"start": 0.0, "end": 1.5, "text": "hi there",
-                          "words": [{"start": 0.0, "end": 0.5, "word": "hi", "probability": 0.9}]},
-                         {"start": 1.5, "end": 2.0, "text": "", "words": None}]}
+    data = {
+        "source": "a.wav",
+        "text": "hi there",
+        "language": "en",
+        "audio_s": 2.0,
+        "segments": [
+            {
+                "start": 0.0,
+                "end": 1.5,
+                "text": "hi there",
+                "words": [{"start": 0.0, "end": 0.5, "word": "hi", "probability": 0.9}],
+            },
+            {"start": 1.5, "end": 2.0, "text": "", "words": None},
+        ],
+    }
     tr = from_json(Transcript, data)
     assert tr.segments[0] == Segment(0.0, 1.5, "hi there", (Word(0.0, 0.5, "hi", 0.9),))
     assert tr.segments[1].words is None
-    direct = Transcript("a.wav", "hi there", "en", 2.0, [Segment(0.0, 1.5, "hi there", (Word(0.0, 0.5, "hi", 0.9),)),
-                                                        Segment(1.5, 2.0, "", None)])
+    direct = Transcript(
+        "a.wav",
+        "hi there",
+        "en",
+        2.0,
+        [Segment(0.0, 1.5, "hi there", (Word(0.0, 0.5, "hi", 0.9),)), Segment(1.5, 2.0, "", None)],
+    )
     assert tr == direct and to_srt([tr]) == to_srt([direct])
 
 
@@ -108,22 +125,33 @@ def test_image_pixels_from_the_servers_png_write_the_same_file(tiny_dir, tmp_pat
 def test_server_side_input_names_map_to_local_ones(tmp_path):
     audio = tmp_path / "my talk.wav"
     audio.write_bytes(b"RIFF....WAVE")
-    inputs = [Input(source="argument 1", kind="text", text="hello"),
-              Input(source=str(audio), kind="audio", path=str(audio))]
+    inputs = [
+        Input(source="argument 1", kind="text", text="hello"),
+        Input(source=str(audio), kind="audio", path=str(audio)),
+    ]
     names = Sources(REGISTRY["transcribe"], inputs)
     tmp = "/tmp/taskrun-upload-ab_12cd/0001-my_talk.wav"
-    job = {"items": [{"index": 0, "input": "input 1", "result": {"text": "input 1"}},
-                     {"index": 1, "input": "my talk.wav", "result": {"source": "my talk.wav", "note": tmp,
-                                                                      "text": "said my talk.wav twice"}}],
-           "errors": [], "error": f"{tmp}: damaged."}
+    job = {
+        "items": [
+            {"index": 0, "input": "input 1", "result": {"text": "input 1"}},
+            {
+                "index": 1,
+                "input": "my talk.wav",
+                "result": {"source": "my talk.wav", "note": tmp, "text": "said my talk.wav twice"},
+            },
+        ],
+        "errors": [],
+        "error": f"{tmp}: damaged.",
+    }
     out = names.job(job)
     assert [it["input"] for it in out["items"]] == ["argument 1", str(audio)]
     assert out["items"][0]["result"] == {"text": "input 1"}  # a text result is never renamed
     assert out["items"][1]["result"] == {"source": str(audio), "note": str(audio), "text": "said my talk.wav twice"}
     assert out["error"] == f"{audio}: damaged."
     # a server that names uploads by the name sent: messages get the local path, whole names only
-    assert names.text("my talk.wav is damaged; not old-my talk.wav.bak") == \
-        f"{audio} is damaged; not old-my talk.wav.bak"
+    assert (
+        names.text("my talk.wav is damaged; not old-my talk.wav.bak") == f"{audio} is damaged; not old-my talk.wav.bak"
+    )
 
 
 def test_two_files_of_one_name_map_by_their_index(tmp_path):
@@ -140,8 +168,11 @@ def test_options_sent_are_the_non_default_ones_and_path_options_travel_as_docume
     schema.write_text(json.dumps({"type": "object", "properties": {"a": {"type": "string"}}}))
     gen = REGISTRY["generate"]
     opts = local_options(gen, {"max_tokens": 16, "stop": ("x",), "json_schema": str(schema)})
-    assert wire_options(gen, opts) == {"max_tokens": 16, "stop": ["x"],
-                                       "json_schema": {"type": "object", "properties": {"a": {"type": "string"}}}}
+    assert wire_options(gen, opts) == {
+        "max_tokens": 16,
+        "stop": ["x"],
+        "json_schema": {"type": "object", "properties": {"a": {"type": "string"}}},
+    }
     search = REGISTRY["search"]
     opts = local_options(search, {"corpus": "docs", "top_k": 2})  # a name on the server, not a local path
     assert opts.corpus == "docs" and wire_options(search, opts) == {"corpus": "docs", "top_k": 2}
@@ -151,17 +182,24 @@ def test_options_sent_are_the_non_default_ones_and_path_options_travel_as_docume
 
 def test_stream_events_then_done():
     seen = []
-    lines = ['{"event": "token", "index": 0, "text": "Hi"}', "",
-             '{"event": "done", "job": {"id": "x"}, "files": []}', '{"event": "token", "text": "late"}']
+    lines = [
+        '{"event": "token", "index": 0, "text": "Hi"}',
+        "",
+        '{"event": "done", "job": {"id": "x"}, "files": []}',
+        '{"event": "token", "text": "late"}',
+    ]
     done = read_stream(iter(lines), lambda kind, data: seen.append((kind, data["text"])), str)
     assert seen == [("token", "Hi")] and done["job"] == {"id": "x"}
 
 
-@pytest.mark.parametrize("lines, match", [
-    (['{"event": "error", "error": {"message": "argument 1 is empty; give some text"}}'], "^argument 1 is empty"),
-    (['{"event": "token", "text": "a"}'], "without its result"),
-    (["<html>"], "not JSON"),
-])
+@pytest.mark.parametrize(
+    "lines, match",
+    [
+        (['{"event": "error", "error": {"message": "argument 1 is empty; give some text"}}'], "^argument 1 is empty"),
+        (['{"event": "token", "text": "a"}'], "without its result"),
+        (["<html>"], "not JSON"),
+    ],
+)
 def test_stream_failures_are_one_line_errors(lines, match):
     with pytest.raises(TaskError, match=match):
         read_stream(iter(lines), lambda kind, data: None, str)
@@ -204,8 +242,10 @@ def test_files_are_sent_as_bytes_never_paths(tmp_path):
 
     f = tmp_path / "a.wav"
     f.write_bytes(b"RIFF0000WAVEdata")
-    sent = wire_inputs(REGISTRY["classify"], [Input(source=str(f), kind="audio", path=str(f)),
-                                              Input(source="argument 1", kind="text", text="hi")])
+    sent = wire_inputs(
+        REGISTRY["classify"],
+        [Input(source=str(f), kind="audio", path=str(f)), Input(source="argument 1", kind="text", text="hi")],
+    )
     assert sent == [{"data": base64.b64encode(f.read_bytes()).decode(), "name": "a.wav"}, {"text": "hi"}]
     notes = tmp_path / "notes.txt"
     notes.write_text("not audio")
@@ -219,16 +259,30 @@ def test_importing_the_cli_with_server_support_stays_light():
     import subprocess
     import sys
 
-    code = "import sys, taskrun.runner.cli, taskrun.runner.remote.client, taskrun.runner.remote.http; " \
-           "print([m for m in ('torch', 'httpx', 'fastapi', 'numpy') if m in sys.modules])"
+    code = (
+        "import sys, taskrun.runner.cli, taskrun.runner.remote.client, taskrun.runner.remote.http; "
+        "print([m for m in ('torch', 'httpx', 'fastapi', 'numpy') if m in sys.modules])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
 
-
 def test_a_then_chain_runs_here_and_says_so(tiny_dir):
     model = importlib.import_module("tests.tiny.generate").case(tiny_dir).model
-    result = CliRunner().invoke(main, ["generate", "Hello", "--model", model, "--max-tokens", "4",
-                                       "--then", f"summarize={model}", "--server", "http://127.0.0.1:9"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "generate",
+            "Hello",
+            "--model",
+            model,
+            "--max-tokens",
+            "4",
+            "--then",
+            f"summarize={model}",
+            "--server",
+            "http://127.0.0.1:9",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "--then chains run here" in result.stderr and "── summarize ──" in result.stderr

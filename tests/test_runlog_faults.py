@@ -26,10 +26,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from taskrun.runner.runlog import liveness
 from taskrun.runner.cli import main
+from taskrun.runner.runlog import liveness
 from taskrun.runner.runlog.store import RunLog
-
 from tests.tiny.bert import build as tiny_bert
 from tests.tiny.generate import build as tiny_llama
 
@@ -47,8 +46,10 @@ def good_log(path: Path, rows: int = 1) -> Path:
     log.append({"id": "before", "started_at": "2026-01-01T00:00:00", "task": "embed", "status": "ok"})
     log.close()
     db = sqlite3.connect(path)
-    db.executemany("INSERT INTO runs (id, started_at, task, status, summary) VALUES (?, ?, 'embed', 'ok', ?)",
-                   [(f"r{i:05d}", f"2026-01-02T00:00:{i % 60:02d}", "x" * 80) for i in range(rows - 1)])
+    db.executemany(
+        "INSERT INTO runs (id, started_at, task, status, summary) VALUES (?, ?, 'embed', 'ok', ?)",
+        [(f"r{i:05d}", f"2026-01-02T00:00:{i % 60:02d}", "x" * 80) for i in range(rows - 1)],
+    )
     db.commit()
     db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # every row in the main file, as after a clean exit
     db.close()
@@ -167,6 +168,7 @@ def _size_limit(limit: int):
     def apply() -> None:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of being killed
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
     return apply
 
 
@@ -175,8 +177,16 @@ def test_a_full_disk_never_blocks_the_job(bert, tmp_path):
     a file fails with EFBIG, as writes to a full disk fail with ENOSPC."""
     path = good_log(tmp_path / "runs.db")
     env = dict(os.environ, TASKRUN_LOG_DB=str(path))
-    p = subprocess.run([*CLI, "embed", "the cat", "--model", bert, "-q"], capture_output=True, text=True,
-                       env=env, cwd=tmp_path, preexec_fn=_size_limit(1024), timeout=300, check=False)
+    p = subprocess.run(
+        [*CLI, "embed", "the cat", "--model", bert, "-q"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        preexec_fn=_size_limit(1024),
+        timeout=300,
+        check=False,
+    )
     assert p.returncode == 0, p.stderr
     assert "(32-d)" in p.stdout
     warnings = [line for line in p.stderr.splitlines() if line.strip()]
@@ -201,8 +211,12 @@ def test_a_running_row_is_interrupted_once_its_process_is_gone(tmp_path):
     for name, stamp in rows.items():
         log.append({"id": name, "started_at": "2026-01-01", "task": "generate", "status": "running", **stamp})
     status = {row["id"]: row["status"] for row in log.recent(10)}
-    assert status == {"alive": "running", "dead pid": "interrupted", "pid reused": "interrupted",
-                      "other host": "running"}
+    assert status == {
+        "alive": "running",
+        "dead pid": "interrupted",
+        "pid reused": "interrupted",
+        "other host": "running",
+    }
     assert log.get("dead pid")["error"] == liveness.GONE
 
 
@@ -222,13 +236,21 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # a background shell may start us with it ignored
 
 
-@pytest.mark.parametrize("sig, code, says", [(signal.SIGTERM, 143, "interrupted by SIGTERM"),
-                                             (signal.SIGINT, 130, "interrupted (Ctrl-C)")])
+@pytest.mark.parametrize(
+    "sig, code, says", [(signal.SIGTERM, 143, "interrupted by SIGTERM"), (signal.SIGINT, 130, "interrupted (Ctrl-C)")]
+)
 def test_a_signal_while_waiting_for_stdin_ends_the_job_as_interrupted(sig, code, says, tmp_path):
     path = tmp_path / "runs.db"
     env = dict(os.environ, TASKRUN_LOG_DB=str(path))
-    p = subprocess.Popen([*CLI, "generate", "--max-tokens", "4"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, env=env, cwd=tmp_path, preexec_fn=_default_sigint)
+    p = subprocess.Popen(
+        [*CLI, "generate", "--max-tokens", "4"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=tmp_path,
+        preexec_fn=_default_sigint,
+    )
     try:
         _wait_for_row(path, p)
         p.send_signal(sig)
@@ -244,8 +266,12 @@ def test_a_signal_while_waiting_for_stdin_ends_the_job_as_interrupted(sig, code,
 
 def _generate(path: Path, model: str) -> subprocess.Popen:
     env = dict(os.environ, TASKRUN_LOG_DB=str(path))
-    return subprocess.Popen([*CLI, "generate", "What is", "--model", model, "--max-tokens", "480"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    return subprocess.Popen(
+        [*CLI, "generate", "What is", "--model", model, "--max-tokens", "480"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])

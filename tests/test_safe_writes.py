@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from taskrun.runner.cli import main
 
+from taskrun.runner.cli import main
 from tests.tiny.bert import build as tiny_bert
 
 
@@ -136,8 +136,7 @@ def test_an_image_out_dir_that_cannot_be_written_is_refused_before_loading(tmp_p
 
 
 @pytest.mark.parametrize("fmt_args,suffix", [([], "txt"), (["--json"], "json")])
-def test_a_removed_output_folder_prints_the_result_and_exits_non_zero(fmt_args, suffix, tmp_path, bert,
-                                                                      monkeypatch):
+def test_a_removed_output_folder_prints_the_result_and_exits_non_zero(fmt_args, suffix, tmp_path, bert, monkeypatch):
     """The folder goes away while the job runs (removed by the hook just before the last step)."""
     import shutil
 
@@ -152,8 +151,18 @@ def test_a_removed_output_folder_prints_the_result_and_exits_non_zero(fmt_args, 
         return real(*a, **k)
 
     monkeypatch.setattr(execute, "emit", emit_after_removal)
-    r = run("search", "moons", "--corpus", _notes(tmp_path), "--model", bert, "-q", *fmt_args,
-            "-o", folder / f"hits.{suffix}")
+    r = run(
+        "search",
+        "moons",
+        "--corpus",
+        _notes(tmp_path),
+        "--model",
+        bert,
+        "-q",
+        *fmt_args,
+        "-o",
+        folder / f"hits.{suffix}",
+    )
     assert r.exit_code == 1
     assert "could not write" in r.stderr and "printed above on stdout" in r.stderr
     if fmt_args:
@@ -197,8 +206,18 @@ def test_a_file_size_limit_in_a_child_keeps_the_result(tmp_path, bert):
         resource.setrlimit(resource.RLIMIT_FSIZE, (2000, 2000))
 
     env = {**os.environ, "TASKRUN_LOG_DB": str(tmp_path / "runs.db")}
-    cmd = [str(Path(sys.executable).with_name("run")), "embed", "the cat", "a dog", "a bird", "--model", bert,
-           "-q", "-o", str(out)]
+    cmd = [
+        str(Path(sys.executable).with_name("run")),
+        "embed",
+        "the cat",
+        "a dog",
+        "a bird",
+        "--model",
+        bert,
+        "-q",
+        "-o",
+        str(out),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, preexec_fn=limit, timeout=300, cwd=tmp_path)
     assert r.returncode == 1, r.stderr
     assert "could not write" in r.stderr and "File too large" in r.stderr
@@ -210,13 +229,16 @@ def test_a_file_size_limit_in_a_child_keeps_the_result(tmp_path, bert):
 
 def _chain(tmp: Path, artifact: str) -> Path:
     p = tmp / "c.toml"
-    p.write_text('name = "c"\ninputs = { q = "text", docs = "path" }\n\n[[steps]]\ntask = "search"\n'
-                 f'input = "q"\noptions = {{ corpus = "{{docs}}" }}\nartifact = {json.dumps(artifact)}\n')
+    p.write_text(
+        'name = "c"\ninputs = { q = "text", docs = "path" }\n\n[[steps]]\ntask = "search"\n'
+        f'input = "q"\noptions = {{ corpus = "{{docs}}" }}\nartifact = {json.dumps(artifact)}\n'
+    )
     return p
 
 
-@pytest.mark.parametrize("artifact", ["../../escaped.txt", "/tmp/taskrun-escaped.txt", "sub/../../x.txt",
-                                      "~/x.txt", ""])
+@pytest.mark.parametrize(
+    "artifact", ["../../escaped.txt", "/tmp/taskrun-escaped.txt", "sub/../../x.txt", "~/x.txt", ""]
+)
 def test_a_chain_artifact_outside_the_output_folder_is_refused(artifact, tmp_path, no_load):
     chain = _chain(tmp_path, artifact)
     r = run("chain", chain, "q", tmp_path, "-o", tmp_path / "out")
@@ -241,9 +263,11 @@ def test_a_chain_artifact_in_a_subfolder_is_written_inside(tmp_path, bert):
     docs.mkdir()
     _notes(docs)
     chain = tmp_path / "c.toml"
-    chain.write_text(f'name = "c"\ninputs = {{ q = "text", docs = "path" }}\n\n[[steps]]\ntask = "search"\n'
-                     f'input = "q"\noutput = "hits"\nmodel = "{bert}"\noptions = {{ corpus = "{{docs}}" }}\n'
-                     f'artifact = "sub/hits.txt"\n')
+    chain.write_text(
+        f'name = "c"\ninputs = {{ q = "text", docs = "path" }}\n\n[[steps]]\ntask = "search"\n'
+        f'input = "q"\noutput = "hits"\nmodel = "{bert}"\noptions = {{ corpus = "{{docs}}" }}\n'
+        f'artifact = "sub/hits.txt"\n'
+    )
     r = run("chain", chain, "when is the meeting", docs, "-o", tmp_path / "out", "-q")
     assert r.exit_code == 0, r.output
     assert "friday" in (tmp_path / "out" / "sub" / "hits.txt").read_text()

@@ -17,8 +17,14 @@ from taskrun.runner.cli import main
 from taskrun.runner.runlog.store import RunLog
 from tests.tiny.bert import build as tiny_bert
 
-TOPICS = ["cats sleep most of the day", "espresso is brewed under pressure", "mars has two small moons",
-          "meetings need an agenda", "whisper transcribes speech", "the violin has four strings"]
+TOPICS = [
+    "cats sleep most of the day",
+    "espresso is brewed under pressure",
+    "mars has two small moons",
+    "meetings need an agenda",
+    "whisper transcribes speech",
+    "the violin has four strings",
+]
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +43,10 @@ def corpus(tmp_path):
 
 
 def search(bert, corpus, *extra, query="tell me about moons"):
-    r = CliRunner().invoke(main, ["search", query, "--corpus", str(corpus), "--model", bert,
-                                  "--passage-chars", "60", "--json", "-q", *extra])
+    r = CliRunner().invoke(
+        main,
+        ["search", query, "--corpus", str(corpus), "--model", bert, "--passage-chars", "60", "--json", "-q", *extra],
+    )
     assert r.exit_code == 0, r.output
     return json.loads(r.stdout)
 
@@ -53,8 +61,10 @@ def test_unchanged_files_are_reused_changed_embedded_deleted_dropped(bert, corpu
     assert again["embedded_passages"] == 0 and again["reused_passages"] == n and again["corpus_cached"]
 
     old0 = cut(corpus / "0.md")
-    (corpus / "0.md").write_text("# Changed\nsomething else entirely, with more words.\n\n# More\n"
-                                 "and a second part, long enough to be its own passage.\n")
+    (corpus / "0.md").write_text(
+        "# Changed\nsomething else entirely, with more words.\n\n# More\n"
+        "and a second part, long enough to be its own passage.\n"
+    )
     edited = search(bert, corpus)["metrics"]
     new0 = cut(corpus / "0.md")
     assert new0 >= 2 and edited["files_embedded"] == 1 and edited["embedded_passages"] == new0
@@ -82,8 +92,10 @@ def test_hits_from_the_index_equal_a_fresh_index(bert, corpus, tmp_path, monkeyp
     monkeypatch.setenv("TASKRUN_CACHE_DIR", str(tmp_path / "fresh-cache"))
     fresh = search(bert, corpus, "-k", "4")
     assert fresh["metrics"]["reused_passages"] == 0
-    hits = lambda out: [(h["file"], h["line_start"], round(h["score"], 5))  # noqa: E731
-                        for h in out["items"][0]["result"]["hits"]]
+
+    def hits(out):
+        return [(h["file"], h["line_start"], round(h["score"], 5)) for h in out["items"][0]["result"]["hits"]]
+
     assert hits(kept) == hits(fresh)
 
 
@@ -107,14 +119,15 @@ def test_a_damaged_index_is_rebuilt_with_one_notice(bert, corpus, session_cache)
     for side in ("-wal", "-shm"):
         (session_cache / f"search-index.sqlite{side}").unlink(missing_ok=True)
     path.write_bytes(b"this is not a database" * 100)
-    r = CliRunner().invoke(main, ["search", "moons", "--corpus", str(corpus), "--model", bert,
-                                  "--passage-chars", "60", "--json"])
+    r = CliRunner().invoke(
+        main, ["search", "moons", "--corpus", str(corpus), "--model", bert, "--passage-chars", "60", "--json"]
+    )
     assert r.exit_code == 0, r.output
     assert r.stderr.count("could not be read") == 1 and "rebuilt" in r.stderr
     out = json.loads(r.stdout)
     assert out["metrics"]["reused_passages"] == 0 and len(out["notes"]) == 1
     # kept in the run log too (which also names a converted copy the model ran, such as an ONNX export)
-    assert RunLog().recent(1)[0]["notes"][:len(out["notes"])] == out["notes"]
+    assert RunLog().recent(1)[0]["notes"][: len(out["notes"])] == out["notes"]
     assert search(bert, corpus)["notes"] == []
 
 
@@ -136,10 +149,13 @@ def test_a_chain_searches_the_same_index(bert, corpus, tmp_path):
     """`run ask` is the ask-docs chain, whose first step is a search: a chain step and `run search`
     with the same settings share index entries."""
     chain = tmp_path / "retrieve.toml"
-    chain.write_text(f'name = "retrieve"\ninputs = {{ question = "text", docs = "path" }}\n\n[[steps]]\n'
-                     f'task = "search"\ninput = "question"\nmodel = "{bert}"\n'
-                     f'options = {{ corpus = "{{docs}}", top_k = 2, passage_chars = 60 }}\n')
-    r = CliRunner().invoke(main, ["chain", str(chain), "moons", str(corpus), "--json", "-q",
-                                  "-o", str(tmp_path / "out")])
+    chain.write_text(
+        f'name = "retrieve"\ninputs = {{ question = "text", docs = "path" }}\n\n[[steps]]\n'
+        f'task = "search"\ninput = "question"\nmodel = "{bert}"\n'
+        f'options = {{ corpus = "{{docs}}", top_k = 2, passage_chars = 60 }}\n'
+    )
+    r = CliRunner().invoke(
+        main, ["chain", str(chain), "moons", str(corpus), "--json", "-q", "-o", str(tmp_path / "out")]
+    )
     assert r.exit_code == 0, r.output
     assert search(bert, corpus)["metrics"]["corpus_cached"] is True

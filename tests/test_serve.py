@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from taskrun.runner.cli import main
 
 pytest.register_assert_rewrite("tests.serve_helpers")  # it is also this module's plugin (below)
-from tests.serve_helpers import run_log_row
+from tests.serve_helpers import run_log_row  # noqa: E402 (after its assert rewrite is registered)
 
 # The servers are session fixtures, shared by every server test module: registered as a plugin.
 pytest_plugins = ["tests.serve_helpers"]
@@ -52,8 +52,9 @@ def cli(serve_env, monkeypatch):
 
 
 def curl(*args: str) -> str:
-    return subprocess.run(["curl", "-s", "--fail-with-body", *args], check=True, capture_output=True,
-                          text=True, timeout=60).stdout
+    return subprocess.run(
+        ["curl", "-s", "--fail-with-body", *args], check=True, capture_output=True, text=True, timeout=60
+    ).stdout
 
 
 # --------------------------------------------------------------------------- OpenAI: text
@@ -68,16 +69,19 @@ def test_models_lists_each_model_with_its_tasks_and_digest(client):
 
 def test_chat_answers_as_the_cli_does_with_usage_and_the_run_id(client, cli, server):
     raw = client.chat.completions.with_raw_response.create(
-        model="tiny-llama", messages=[{"role": "user", "content": "What is the capital of France?"}],
-        max_tokens=8, seed=1)
+        model="tiny-llama",
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=8,
+        seed=1,
+    )
     chat = raw.parse()
     local = cli("generate", "What is the capital of France?", "--model", "tiny-llama", "--max-tokens", "8")
     result = local["items"][0]["result"]
     assert chat.choices[0].message.content == result["text"]
-    assert chat.choices[0].finish_reason == {"stop_sequence": "stop"}.get(result["finish_reason"],
-                                                                           result["finish_reason"])
-    assert (chat.usage.prompt_tokens, chat.usage.completion_tokens) == (result["input_tokens"],
-                                                                        result["output_tokens"])
+    assert chat.choices[0].finish_reason == {"stop_sequence": "stop"}.get(
+        result["finish_reason"], result["finish_reason"]
+    )
+    assert (chat.usage.prompt_tokens, chat.usage.completion_tokens) == (result["input_tokens"], result["output_tokens"])
     row = run_log_row(server, raw.headers["x-taskrun-run-id"])
     assert row["status"] == "ok" and row["task"] == "generate" and row["model"] == "tiny-llama"
 
@@ -85,8 +89,11 @@ def test_chat_answers_as_the_cli_does_with_usage_and_the_run_id(client, cli, ser
 def test_chat_streams_the_same_text_then_usage(client):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Count to ten."}]
     whole = client.chat.completions.create(model="tiny-llama", messages=messages, max_tokens=12)
-    chunks = list(client.chat.completions.create(model="tiny-llama", messages=messages, max_tokens=12,
-                                                 stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny-llama", messages=messages, max_tokens=12, stream=True, stream_options={"include_usage": True}
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content and len(chunks) > 3
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -109,11 +116,15 @@ def test_a_conversation_resent_by_a_chat_client_reads_only_its_new_turn(client):
     conversation and adds a turn; its usage says how many prompt tokens were kept, as OpenAI's
     own prompt caching does (prompt_tokens_details.cached_tokens)."""
     pytest.importorskip("llama_cpp")
-    turns = [{"role": "system", "content": "You are a helpful assistant. Answer in one short sentence."},
-             {"role": "user", "content": "What is the capital of France, the country in western Europe?"}]
+    turns = [
+        {"role": "system", "content": "You are a helpful assistant. Answer in one short sentence."},
+        {"role": "user", "content": "What is the capital of France, the country in western Europe?"},
+    ]
     first = client.chat.completions.create(model="tiny-gguf", messages=turns, max_tokens=4, seed=1)
-    more = turns + [{"role": "assistant", "content": first.choices[0].message.content},
-                    {"role": "user", "content": "And of Germany?"}]
+    more = turns + [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "And of Germany?"},
+    ]
     second = client.chat.completions.create(model="tiny-gguf", messages=more, max_tokens=4, seed=1)
     kept = second.usage.prompt_tokens_details.cached_tokens
     assert first.usage.prompt_tokens <= kept < second.usage.prompt_tokens  # the first turn, not the new one
@@ -124,12 +135,22 @@ def test_a_conversation_resent_by_a_chat_client_reads_only_its_new_turn(client):
 def test_json_schema_answer_validates(client):
     # the grammar (pipelines/llm/grammar.py) makes the answer valid by construction, even a random model's
     # (bounded: a random model never closes a string or an object by itself)
-    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
-                                               "capital": {"type": "boolean"}, "size": {"enum": ["small", "large"]}},
-              "required": ["city", "capital", "size"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 12},
+            "capital": {"type": "boolean"},
+            "size": {"enum": ["small", "large"]},
+        },
+        "required": ["city", "capital", "size"],
+        "additionalProperties": False,
+    }
     chat = client.chat.completions.create(
-        model="tiny-llama", messages=[{"role": "user", "content": "Describe Paris."}], max_tokens=60,
-        response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema}})
+        model="tiny-llama",
+        messages=[{"role": "user", "content": "Describe Paris."}],
+        max_tokens=60,
+        response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema}},
+    )
     jsonschema.validate(json.loads(chat.choices[0].message.content), schema)
 
 
@@ -147,13 +168,17 @@ def test_embeddings_float_and_base64_equal_the_cli(client, cli, server):
     local = np.array([it["result"]["vector"] for it in cli("embed", *texts, "--model", "tiny-bert")["items"]])
     floats = client.embeddings.create(model="tiny-bert", input=texts, encoding_format="float")
     b64 = client.embeddings.create(model="tiny-bert", input=texts)  # the client asks base64 and decodes it
-    raw = httpx.post(server.url + "/v1/embeddings", timeout=30,
-                     json={"model": "tiny-bert", "input": texts, "encoding_format": "base64"}).json()
+    raw = httpx.post(
+        server.url + "/v1/embeddings",
+        timeout=30,
+        json={"model": "tiny-bert", "input": texts, "encoding_format": "base64"},
+    ).json()
     decoded = [np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") for d in raw["data"]]
     for got in ([d.embedding for d in floats.data], [d.embedding for d in b64.data], decoded):
         assert np.abs(np.array(got) - local).max() < 1e-5
-    assert floats.usage.prompt_tokens == sum(it["result"]["tokens"] for it in cli("embed", *texts, "--model",
-                                                                                    "tiny-bert")["items"])
+    assert floats.usage.prompt_tokens == sum(
+        it["result"]["tokens"] for it in cli("embed", *texts, "--model", "tiny-bert")["items"]
+    )
 
 
 def test_transcription_as_srt_and_verbose_json(client, tiny_dir):
@@ -162,13 +187,17 @@ def test_transcription_as_srt_and_verbose_json(client, tiny_dir):
     from tests.tiny.whisper import clip
 
     with open(clip(tiny_dir), "rb") as f:  # (language given: no detector runs for an English-only model)
-        srt = client.audio.transcriptions.create(model="tiny-whisper", file=f, response_format="srt",
-                                                 language="en")
+        srt = client.audio.transcriptions.create(model="tiny-whisper", file=f, response_format="srt", language="en")
     cues = pysrt.from_string(srt)  # a random model's words, but a well-formed file
     assert all(0 <= c.start.ordinal <= c.end.ordinal <= 3400 for c in cues)
     with open(clip(tiny_dir), "rb") as f:
-        verbose = client.audio.transcriptions.create(model="tiny-whisper", file=f, response_format="verbose_json",
-                                                     language="en", timestamp_granularities=["segment"])
+        verbose = client.audio.transcriptions.create(
+            model="tiny-whisper",
+            file=f,
+            response_format="verbose_json",
+            language="en",
+            timestamp_granularities=["segment"],
+        )
     assert verbose.duration == pytest.approx(3.4, abs=0.01) and verbose.language == "en"
     for seg in verbose.segments:
         assert 0 <= seg.start <= seg.end <= verbose.duration
@@ -177,8 +206,9 @@ def test_transcription_as_srt_and_verbose_json(client, tiny_dir):
 def test_image_comes_back_as_a_b64_png(client):
     from PIL import Image
 
-    out = client.images.generate(model="digits-ddpm", prompt="a 7", n=2, response_format="b64_json",
-                                 extra_body={"seed": 3, "steps": 2})
+    out = client.images.generate(
+        model="digits-ddpm", prompt="a 7", n=2, response_format="b64_json", extra_body={"seed": 3, "steps": 2}
+    )
     assert len(out.data) == 2
     for d in out.data:
         with Image.open(io.BytesIO(base64.b64decode(d.b64_json))) as im:
@@ -191,8 +221,9 @@ def test_image_comes_back_as_a_b64_png(client):
 
 def test_native_classify_equals_the_cli_json(server, cli):
     body = {"input": ["good movie", "bad movie"], "options": {"labels": ["good", "bad"]}, "model": "tiny-bert"}
-    got = json.loads(curl(f"{server.url}/v1/tasks/classify", "-H", "Content-Type: application/json",
-                          "-d", json.dumps(body)))
+    got = json.loads(
+        curl(f"{server.url}/v1/tasks/classify", "-H", "Content-Type: application/json", "-d", json.dumps(body))
+    )
     local = cli("classify", "good movie", "bad movie", "--labels", "good,bad", "--model", "tiny-bert")
     assert [it["result"] for it in got["items"]] == [it["result"] for it in local["items"]]
     assert got["options"] == local["options"] and got["model"] == local["model"]
@@ -212,9 +243,15 @@ def test_native_detect_takes_an_uploaded_image_and_returns_its_drawing(server, t
     from tests.tiny.vision import picture
 
     data = base64.b64encode(picture(tiny_dir / "tiny-images").read_bytes()).decode()
-    job = httpx.post(server.url + "/v1/tasks/detect", timeout=60, json={
-        "input": {"data": data, "name": "shapes.png"}, "model": "tiny-yolos",
-        "options": {"threshold": 0, "annotate": True}}).json()
+    job = httpx.post(
+        server.url + "/v1/tasks/detect",
+        timeout=60,
+        json={
+            "input": {"data": data, "name": "shapes.png"},
+            "model": "tiny-yolos",
+            "options": {"threshold": 0, "annotate": True},
+        },
+    ).json()
     (item,) = job["items"]
     assert item["input"] == "shapes.png" and (item["result"]["width"], item["result"]["height"]) == (96, 64)
     (drawing,) = job["files"]
@@ -225,8 +262,12 @@ def test_native_detect_takes_an_uploaded_image_and_returns_its_drawing(server, t
 
 def test_native_stream_sends_events_then_the_job(server):
     lines = []
-    with httpx.stream("POST", server.url + "/v1/tasks/generate", timeout=60, json={
-            "input": "Hello", "model": "tiny-llama", "options": {"max_tokens": 6}, "stream": True}) as r:
+    with httpx.stream(
+        "POST",
+        server.url + "/v1/tasks/generate",
+        timeout=60,
+        json={"input": "Hello", "model": "tiny-llama", "options": {"max_tokens": 6}, "stream": True},
+    ) as r:
         assert r.headers["content-type"].startswith("application/x-ndjson")
         lines = [json.loads(line) for line in r.iter_lines() if line]
     kinds = [line["event"] for line in lines]
@@ -237,25 +278,44 @@ def test_native_stream_sends_events_then_the_job(server):
 
 
 def test_native_image_returns_its_files_by_name(server):
-    job = httpx.post(server.url + "/v1/tasks/image", timeout=60,
-                     json={"input": "a 3", "options": {"steps": 2, "seed": 5}}).json()
+    job = httpx.post(
+        server.url + "/v1/tasks/image", timeout=60, json={"input": "a 3", "options": {"steps": 2, "seed": 5}}
+    ).json()
     (name,) = job["items"][0]["result"]["images"][0]["files"]
     assert [f["name"] for f in job["files"]] == [name] and "/" not in name
     assert base64.b64decode(job["files"][0]["data"]).startswith(b"\x89PNG")
 
 
 def test_curl_chat_and_embeddings_as_the_readme_shows(server):
-    chat = json.loads(curl(f"{server.url}/v1/chat/completions", "-H", "Content-Type: application/json", "-d",
-                           '{"model": "tiny-llama", "messages": [{"role": "user", "content": "Hi"}], '
-                           '"max_tokens": 5}'))
+    chat = json.loads(
+        curl(
+            f"{server.url}/v1/chat/completions",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            '{"model": "tiny-llama", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5}',
+        )
+    )
     assert chat["object"] == "chat.completion" and chat["usage"]["completion_tokens"] <= 5
-    stream = curl("-N", f"{server.url}/v1/chat/completions", "-H", "Content-Type: application/json", "-d",
-                  '{"model": "tiny-llama", "messages": [{"role": "user", "content": "Hi"}], '
-                  '"max_tokens": 5, "stream": true}')
+    stream = curl(
+        "-N",
+        f"{server.url}/v1/chat/completions",
+        "-H",
+        "Content-Type: application/json",
+        "-d",
+        '{"model": "tiny-llama", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5, "stream": true}',
+    )
     events = [line.removeprefix("data: ") for line in stream.splitlines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]" and json.loads(events[-2])["choices"][0]["finish_reason"]
-    emb = json.loads(curl(f"{server.url}/v1/embeddings", "-H", "Content-Type: application/json", "-d",
-                          '{"model": "tiny-bert", "input": "hello world"}'))
+    emb = json.loads(
+        curl(
+            f"{server.url}/v1/embeddings",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            '{"model": "tiny-bert", "input": "hello world"}',
+        )
+    )
     assert len(emb["data"][0]["embedding"]) == 32
 
 
@@ -267,15 +327,19 @@ def test_ollama_generate_chat_embed_and_tags(server, client):
 
     o = ollama.Client(host=server.url)
     assert "tiny-llama" in {m.model for m in o.list().models}
-    gen = o.generate(model="tiny-llama", prompt="Why is the sky blue?", options={"num_predict": 6, "seed": 1},
-                     stream=False)
+    gen = o.generate(
+        model="tiny-llama", prompt="Why is the sky blue?", options={"num_predict": 6, "seed": 1}, stream=False
+    )
     assert gen.done and gen.done_reason in ("stop", "length") and 0 < gen.eval_count <= 6
     assert gen.total_duration >= gen.load_duration and gen.prompt_eval_count > 0 and gen.eval_duration > 0
-    parts = list(o.generate(model="tiny-llama", prompt="Why is the sky blue?", options={"num_predict": 6},
-                            stream=True))
+    parts = list(o.generate(model="tiny-llama", prompt="Why is the sky blue?", options={"num_predict": 6}, stream=True))
     assert "".join(p.response for p in parts) == gen.response and parts[-1].done
-    chat = o.chat(model="tiny-llama", messages=[{"role": "user", "content": "Why is the sky blue?"}],
-                  options={"num_predict": 6}, stream=False)
+    chat = o.chat(
+        model="tiny-llama",
+        messages=[{"role": "user", "content": "Why is the sky blue?"}],
+        options={"num_predict": 6},
+        stream=False,
+    )
     assert chat.message.role == "assistant" and chat.message.content == gen.response
     vecs = o.embed(model="tiny-bert", input=["the cat", "a dog"]).embeddings
     ref = client.embeddings.create(model="tiny-bert", input=["the cat", "a dog"])

@@ -19,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 pytest.register_assert_rewrite("tests.serve_helpers")  # it is also this module's plugin (below)
-from tests.serve_helpers import KEY, RUN, free_port, rows
+from tests.serve_helpers import KEY, RUN, free_port, rows  # noqa: E402 (after its assert rewrite is registered)
 
 # The servers are session fixtures, shared by every server test module: registered as a plugin.
 pytest_plugins = ["tests.serve_helpers"]
@@ -47,7 +47,9 @@ def error_of(response: httpx.Response) -> dict:
 
 
 def test_bad_json_unknown_model_and_unsupported_fields_are_4xx_in_openai_shape(server):
-    post = lambda path, **kw: httpx.post(server.url + path, timeout=30, **kw)
+    def post(path, **kw):
+        return httpx.post(server.url + path, timeout=30, **kw)
+
     r = post("/v1/chat/completions", content=b'{"model": "tiny-llama", "messages": [')
     assert r.status_code == 400 and error_of(r)["code"] == "invalid_json"
     r = post("/v1/embeddings", json={"model": "no-such-model", "input": "x"})
@@ -67,8 +69,11 @@ def test_bad_json_unknown_model_and_unsupported_fields_are_4xx_in_openai_shape(s
 def test_the_openai_client_sees_the_field_named(server):
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
     messages = [{"role": "user", "content": "Hi"}]
-    for extra, param in (({"n": 2}, "n"), ({"logprobs": True}, "logprobs"),
-                         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools")):
+    for extra, param in (
+        ({"n": 2}, "n"),
+        ({"logprobs": True}, "logprobs"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+    ):
         with pytest.raises(openai.BadRequestError) as err:
             client.chat.completions.create(model="tiny-llama", messages=messages, **extra)
         assert err.value.status_code == 400 and err.value.body["param"] == param
@@ -89,7 +94,7 @@ def test_oversized_bodies_are_refused_with_413_declared_or_chunked(keyed):
 
     def chunks():  # no Content-Length: the bytes are counted as they arrive
         for i in range(0, len(big), 65536):
-            yield big[i:i + 65536]
+            yield big[i : i + 65536]
 
     r = httpx.post(keyed.url + "/v1/embeddings", content=chunks(), headers=headers, timeout=30)
     assert r.status_code == 413 and error_of(r)["code"] == "request_too_large"
@@ -109,6 +114,7 @@ def test_a_keyed_server_wants_the_key(keyed):
 
 def test_no_traceback_reaches_a_client():
     from starlette.testclient import TestClient
+
     from taskrun.runner.serve.app import create_app
     from taskrun.runner.serve.settings import Settings
 
@@ -121,8 +127,9 @@ def test_no_traceback_reaches_a_client():
     with TestClient(app, raise_server_exceptions=False) as client:
         r = client.get("/boom")
     assert r.status_code == 500
-    assert r.json() == {"error": {"message": "internal error (see the server log)", "type": "server_error",
-                                  "param": None, "code": None}}
+    assert r.json() == {
+        "error": {"message": "internal error (see the server log)", "type": "server_error", "param": None, "code": None}
+    }
     assert "secret" not in r.text and "Traceback" not in r.text
 
 
@@ -141,8 +148,7 @@ def _failed_slow_jobs(server, n: int, timeout: float = 20.0) -> list[dict]:
 
 def test_a_client_that_leaves_stops_its_generation(server):
     t0 = time.monotonic()
-    with httpx.stream("POST", server.url + "/v1/chat/completions", json={**SLOW, "stream": True},
-                      timeout=60) as r:
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json={**SLOW, "stream": True}, timeout=60) as r:
         seen = 0
         for line in r.iter_lines():
             seen += line.startswith("data: ")
@@ -201,16 +207,18 @@ def test_concurrent_embeddings_run_as_one_job(server):
     out: dict[int, httpx.Response] = {}
 
     def ask(i: int) -> None:
-        out[i] = httpx.post(server.url + "/v1/embeddings", json={"model": "tiny-bert", "input": texts[i],
-                                                                 "encoding_format": "float"}, timeout=30)
+        out[i] = httpx.post(
+            server.url + "/v1/embeddings",
+            json={"model": "tiny-bert", "input": texts[i], "encoding_format": "float"},
+            timeout=30,
+        )
 
     threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    alone = httpx.post(server.url + "/v1/embeddings", json={"model": "tiny-bert", "input": texts},
-                       timeout=30).json()
+    alone = httpx.post(server.url + "/v1/embeddings", json={"model": "tiny-bert", "input": texts}, timeout=30).json()
     for i in range(8):
         assert out[i].status_code == 200
         got = out[i].json()["data"][0]["embedding"]
@@ -226,20 +234,37 @@ def test_metrics_parse_and_break_down_by_task_and_model(server):
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
     client.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
     families = {f.name: f for f in text_string_to_metric_families(httpx.get(server.url + "/metrics").text)}
-    for name in ("taskrun_requests", "taskrun_job_latency_seconds", "taskrun_queue_wait_seconds",
-                 "taskrun_task_ttft_s", "taskrun_task_decode_tokens_per_s", "taskrun_jobs"):
+    for name in (
+        "taskrun_requests",
+        "taskrun_job_latency_seconds",
+        "taskrun_queue_wait_seconds",
+        "taskrun_task_ttft_s",
+        "taskrun_task_decode_tokens_per_s",
+        "taskrun_jobs",
+    ):
         assert name in families, sorted(families)
-    counts = {(s.labels["task"], s.labels["model"]) for s in families["taskrun_task_ttft_s"].samples
-              if s.name.endswith("_count") and s.value > 0}
+    counts = {
+        (s.labels["task"], s.labels["model"])
+        for s in families["taskrun_task_ttft_s"].samples
+        if s.name.endswith("_count") and s.value > 0
+    }
     assert ("generate", "tiny-llama") in counts
-    ok = [s for s in families["taskrun_requests"].samples
-          if s.labels.get("endpoint") == "/v1/chat/completions" and s.labels.get("status") == "200"]
+    ok = [
+        s
+        for s in families["taskrun_requests"].samples
+        if s.labels.get("endpoint") == "/v1/chat/completions" and s.labels.get("status") == "200"
+    ]
     assert ok and ok[0].value >= 1
 
 
 def test_a_public_address_needs_a_key():
-    r = subprocess.run([RUN, "serve", "--host", "0.0.0.0", "--port", str(free_port())], check=False,
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [RUN, "serve", "--host", "0.0.0.0", "--port", str(free_port())],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "--api-key" in r.stderr and "--no-auth" in r.stderr
 
 

@@ -18,8 +18,13 @@ def real_server(tmp_path_factory, session_cache):
     import os
 
     folder = tmp_path_factory.mktemp("serve-real")
-    env = dict(os.environ, TASKRUN_LOG_DB=str(folder / "runs.db"), TASKRUN_CACHE_DIR=str(session_cache),
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env = dict(
+        os.environ,
+        TASKRUN_LOG_DB=str(folder / "runs.db"),
+        TASKRUN_CACHE_DIR=str(session_cache),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+    )
     for key in ("TASKRUN_MODELS_TOML", "TASKRUN_API_KEY", "TASKRUN_DEBUG"):
         env.pop(key, None)
     server = Server(folder, env, "--preload", "whisper-tiny.en")
@@ -38,4 +43,3 @@ def test_real_speech_through_the_openai_client(real_server, tiny_dir):
         out = client.audio.transcriptions.create(model="whisper-tiny.en", file=f, response_format="verbose_json")
     assert "he was not" in out.text.lower() and "young man" in out.text.lower()
     assert out.segments and out.segments[-1].end <= out.duration + 0.01
-

@@ -21,26 +21,30 @@ from taskrun.tasks.base import TaskError, make_options
 from taskrun.tasks.transcribe import TASK, Options, Segment, Transcript, Word, to_srt, to_vtt
 from tests.tiny.whisper import SAMPLES, build, clip
 
-LOREM = ("So the committee met again on Tuesday and, after a long and frankly exhausting debate about "
-         "the budget for next year, decided that the new library wing would open in the spring. "
-         "Nobody objected. The chair then thanked everyone for their patience and the meeting ended "
-         "with coffee, cake and a short speech about the history of the town hall and its clock.")
+LOREM = (
+    "So the committee met again on Tuesday and, after a long and frankly exhausting debate about "
+    "the budget for next year, decided that the new library wing would open in the spring. "
+    "Nobody objected. The chair then thanked everyone for their patience and the meeting ended "
+    "with coffee, cake and a short speech about the history of the town hall and its clock."
+)
 
 
-def synthetic(text: str = LOREM, seconds_per_word: float = 0.31, with_words: bool = True,
-              sentences_per_segment: int = 1) -> Transcript:
+def synthetic(
+    text: str = LOREM, seconds_per_word: float = 0.31, with_words: bool = True, sentences_per_segment: int = 1
+) -> Transcript:
     """A transcript whose segments are sentences and whose words each take ``seconds_per_word``."""
     rng = np.random.default_rng(0)
     sentences = re.findall(r"[^.]+\.", text)
     segs, t = [], 0.4
     for i in range(0, len(sentences), sentences_per_segment):
         words, start = [], t
-        for w in " ".join(sentences[i:i + sentences_per_segment]).split():
+        for w in " ".join(sentences[i : i + sentences_per_segment]).split():
             d = seconds_per_word * float(rng.uniform(0.5, 1.5))
             words.append(Word(round(t, 3), round(t + d, 3), w, 0.9))
             t += d + 0.05
-        segs.append(Segment(round(start, 3), round(t, 3), " ".join(w.word for w in words),
-                            tuple(words) if with_words else None))
+        segs.append(
+            Segment(round(start, 3), round(t, 3), " ".join(w.word for w in words), tuple(words) if with_words else None)
+        )
         t += 0.4
     return Transcript("x.wav", text, "en", round(t + 1, 3), segs)
 
@@ -152,8 +156,20 @@ def test_subtitle_options_are_validated_and_srt_vtt_ask_for_word_times():
 
 
 def test_transformers_runtime_gives_word_timestamps(tiny_dir):
-    r = CliRunner().invoke(main, ["transcribe", str(clip(tiny_dir)), "--model", str(build(tiny_dir)),
-                                  "--runtime", "transformers", "--word-timestamps", "--json", "-q"])
+    r = CliRunner().invoke(
+        main,
+        [
+            "transcribe",
+            str(clip(tiny_dir)),
+            "--model",
+            str(build(tiny_dir)),
+            "--runtime",
+            "transformers",
+            "--word-timestamps",
+            "--json",
+            "-q",
+        ],
+    )
     assert r.exit_code == 0, r.output
     res = json.loads(r.stdout)["items"][0]["result"]
     for seg in res["segments"]:
@@ -192,8 +208,12 @@ def test_real_srt_end_to_end_keeps_the_limits(tmp_path):
 
 
 def test_words_written_without_a_space_stay_one_word(tmp_path):
-    words = (Word(0.0, 0.4, "He", 0.9), Word(0.4, 0.8, "was", 0.9), Word(0.8, 1.0, "ill", 0.9),
-             Word(1.0, 1.6, "-disposed.", 0.9))
+    words = (
+        Word(0.0, 0.4, "He", 0.9),
+        Word(0.4, 0.8, "was", 0.9),
+        Word(0.8, 1.0, "ill", 0.9),
+        Word(1.0, 1.6, "-disposed.", 0.9),
+    )
     tr = Transcript("x.wav", "He was ill-disposed.", "en", 2.0, [Segment(0.0, 1.6, "He was ill-disposed.", words)])
     cues = parsed(tmp_path, [tr], Options(), "srt")
     assert [t for _, _, t in cues] == ["He was ill-disposed."]

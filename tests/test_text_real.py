@@ -31,8 +31,12 @@ def test_embeddings_match_sentence_transformers_in_float32():
 
     from taskrun.models.resolve import resolve
 
-    texts = ["a cat", "A kitten is playing with yarn on the carpet.", "stock prices",
-             "The quick brown fox jumps over the lazy dog. " * 40]  # longer than the 256-token window
+    texts = [
+        "a cat",
+        "A kitten is playing with yarn on the carpet.",
+        "stock prices",
+        "The quick brown fox jumps over the lazy dog. " * 40,
+    ]  # longer than the 256-token window
     ours, out = vectors(texts, "--dtype", "float32")
     assert out["dtype"] == "float32" and out["metrics"]["dim"] == 384
     ref = SentenceTransformer(resolve("minilm").path, device="cpu").encode(texts, normalize_embeddings=True)

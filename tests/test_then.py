@@ -15,8 +15,9 @@ from tests.tiny import transcribe as tiny_asr
 
 def test_search_then_summarize_logs_two_linked_stages(tiny_dir):
     s, g = tiny_search.case(tiny_dir), tiny_llm.case(tiny_dir)
-    r = CliRunner().invoke(main, ["search", *s.args, "--model", s.model, *s.options, "--json", "-q",
-                                  "--then", f"summarize={g.model}"])
+    r = CliRunner().invoke(
+        main, ["search", *s.args, "--model", s.model, *s.options, "--json", "-q", "--then", f"summarize={g.model}"]
+    )
     assert r.exit_code == 0, r.output
     jobs = [json.loads(line) for line in r.stdout.strip().splitlines()]
     assert [j["task"] for j in jobs] == ["search", "summarize"]
@@ -29,8 +30,21 @@ def test_search_then_summarize_logs_two_linked_stages(tiny_dir):
 
 def test_transcribe_then_summarize_on_tiny_models(tiny_dir):
     a, g = tiny_asr.case(tiny_dir), tiny_llm.case(tiny_dir)
-    r = CliRunner().invoke(main, ["transcribe", *a.args, "--model", a.model, "--runtime", a.runtime, "--json",
-                                  "-q", "--then", f"summarize={g.model}"])
+    r = CliRunner().invoke(
+        main,
+        [
+            "transcribe",
+            *a.args,
+            "--model",
+            a.model,
+            "--runtime",
+            a.runtime,
+            "--json",
+            "-q",
+            "--then",
+            f"summarize={g.model}",
+        ],
+    )
     jobs = [json.loads(line) for line in r.stdout.strip().splitlines() if line.startswith("{")]
     assert jobs[0]["task"] == "transcribe" and "rtf" in jobs[0]["metrics"]
     if jobs[0]["items"][0]["result"]["text"].strip():

@@ -14,13 +14,13 @@ from click.testing import CliRunner
 
 from taskrun.pipelines.speech import audio
 from taskrun.pipelines.speech.engine import Piece
-from taskrun.pipelines.speech.transcribe import place
 from taskrun.pipelines.speech.hf_engine import ctc_segments, whisper_segments
-from tools.wer import wer
+from taskrun.pipelines.speech.transcribe import place
 from taskrun.runner.cli import main
 from taskrun.tasks.base import TaskError, make_options
 from taskrun.tasks.transcribe import Options, Segment, Transcript, clock, to_srt, to_txt, to_vtt
 from tests.tiny.whisper import SAMPLES, build, build_ct2, clip
+from tools.wer import wer
 
 SR = 16000
 
@@ -47,7 +47,7 @@ def bursts(seconds: float, sr: int = SR, period: float = 3.0, gap: float = 0.6) 
 
 def test_chunks_tile_the_audio_exactly_and_cut_in_pauses():
     x = bursts(95.0)
-    blocks = (x[i:i + 7 * SR] for i in range(0, len(x), 7 * SR))  # block edges unrelated to chunks
+    blocks = (x[i : i + 7 * SR] for i in range(0, len(x), 7 * SR))  # block edges unrelated to chunks
     chunks = list(audio.chunked(blocks, SR, 30.0, 8.0))
     assert len(chunks) == 4
     pos = 0
@@ -59,7 +59,7 @@ def test_chunks_tile_the_audio_exactly_and_cut_in_pauses():
     for c in chunks[:-1]:  # every cut falls inside a pause, not in a sound
         assert len(c.samples) >= 22 * SR
         end = c.start + len(c.samples)
-        assert np.abs(x[end - 800:end + 800]).max() == 0
+        assert np.abs(x[end - 800 : end + 800]).max() == 0
 
 
 def test_resampled_and_mixed_to_mono_with_a_real_resampler(tmp_path):
@@ -71,9 +71,9 @@ def test_resampled_and_mixed_to_mono_with_a_real_resampler(tmp_path):
     sf.write(path, stereo, sr)
     y = audio.read_audio(path, SR)
     assert abs(len(y) - 2.5 * SR) <= 2 and y.dtype == np.float32
-    spectrum = np.abs(np.fft.rfft(y[SR // 2: SR // 2 + SR]))  # 1 s → 1 Hz bins
+    spectrum = np.abs(np.fft.rfft(y[SR // 2 : SR // 2 + SR]))  # 1 s → 1 Hz bins
     assert abs(int(np.argmax(spectrum)) - 1000) <= 1  # the 440 Hz tone cancelled in the mix
-    assert np.abs(y[SR // 2:-SR // 2]).max() == pytest.approx(0.1, abs=0.01)
+    assert np.abs(y[SR // 2 : -SR // 2]).max() == pytest.approx(0.1, abs=0.01)
 
 
 def test_ogg_any_rate_and_blocks_stay_bounded(tmp_path):
@@ -120,8 +120,14 @@ def test_vad_answers_the_same_samples_again_from_memory(monkeypatch):
 
 
 def test_pieces_land_on_the_file_timeline_clamped_and_in_order():
-    pieces = [Piece(0.0, 2.0, " a"), Piece(1.5, 40.0, " b"), Piece(3.0, None, " c"), Piece(1.0, 1.0, "  "),
-              Piece(4.0, 4.5, " ."), Piece(0.0, 2.0, " Thank you for watching")]  # the last two: invented
+    pieces = [
+        Piece(0.0, 2.0, " a"),
+        Piece(1.5, 40.0, " b"),
+        Piece(3.0, None, " c"),
+        Piece(1.0, 1.0, "  "),
+        Piece(4.0, 4.5, " ."),
+        Piece(0.0, 2.0, " Thank you for watching"),
+    ]  # the last two: invented
     segs = list(place(pieces, offset_s=60.0, end_s=85.0, floor_s=59.0))
     assert [(s.start, s.end, s.text) for s in segs] == [(60.0, 62.0, "a"), (62.0, 85.0, "b"), (85.0, 85.0, "c")]
 
@@ -136,8 +142,11 @@ def test_packed_speech_maps_back_to_file_time():
     assert w.to_file(0.5) == 10.5 and w.to_file(3.0) == 41.0
     assert w.to_file(2.0) == 40.0 and w.to_file(2.0, is_end=True) == 12.0  # a seam: start vs end
     assert w.to_file(9.0, is_end=True) == 43.0  # past the audio: clamped
-    segs = list(place([Piece(0.2, 2.0, "a"), Piece(2.0, 4.0, "b"), Piece(4.0, None, "c")], 0.0, w.end_s, 0.0,
-                      timeline=w.to_file))
+    segs = list(
+        place(
+            [Piece(0.2, 2.0, "a"), Piece(2.0, 4.0, "b"), Piece(4.0, None, "c")], 0.0, w.end_s, 0.0, timeline=w.to_file
+        )
+    )
     assert [(s.start, s.end) for s in segs] == [(10.2, 12.0), (40.0, 42.0), (42.0, 43.0)]
 
 
@@ -150,8 +159,11 @@ def test_whisper_tokens_become_segments():
 
 
 def test_ctc_words_split_at_pauses():
-    words = [{"word": "a", "start_offset": 0, "end_offset": 10}, {"word": "b", "start_offset": 12, "end_offset": 20},
-             {"word": "c", "start_offset": 100, "end_offset": 110}]
+    words = [
+        {"word": "a", "start_offset": 0, "end_offset": 10},
+        {"word": "b", "start_offset": 12, "end_offset": 20},
+        {"word": "c", "start_offset": 100, "end_offset": 110},
+    ]
     pieces = ctc_segments(words, 0.02)
     assert [(p.start, p.end, p.text) for p in pieces] == [(0.0, 0.4, "a b"), (2.0, 2.2, "c")]
 
@@ -160,8 +172,13 @@ def test_ctc_words_split_at_pauses():
 
 
 def transcripts() -> list[Transcript]:
-    a = Transcript("a.wav", "Hello there. Bye -->", "en", 3700.0,
-                   [Segment(0.5, 2.25, "Hello there."), Segment(3661.5, 3662.0, "Bye -->")])
+    a = Transcript(
+        "a.wav",
+        "Hello there. Bye -->",
+        "en",
+        3700.0,
+        [Segment(0.5, 2.25, "Hello there."), Segment(3661.5, 3662.0, "Bye -->")],
+    )
     b = Transcript("b.wav", "Second.", "en", 4.0, [Segment(1.0, 2.0, "Second.")])
     return [a, b]
 
@@ -188,8 +205,7 @@ def test_srt_and_vtt_parse_with_subtitle_libraries(tmp_path):
 
 
 def test_options_are_validated():
-    for bad in ({"chunk_s": 45}, {"chunk_s": 0.5}, {"language": "English"}, {"beam_size": 0},
-                {"task": "summarise"}):
+    for bad in ({"chunk_s": 45}, {"chunk_s": 0.5}, {"language": "English"}, {"beam_size": 0}, {"task": "summarise"}):
         with pytest.raises(TaskError):
             make_options(Options, bad)
     with pytest.raises(TaskError, match="30"):
@@ -360,18 +376,24 @@ def test_a_tiny_ctc_model_transcribes(tiny_dir, speech):
 
 def bad_files(d: Path) -> dict[str, Path]:
     good = (SAMPLES / "meeting.wav").read_bytes()
-    files = {"empty": b"", "text": b"hello, not audio\n" * 20, "binary": bytes(range(256)) * 8,
-             "truncated_flac": None, "rate0": None, "m4a": b"\x00\x00\x00\x20ftypM4A " + bytes(2000),
-             "corrupt_wav": b"RIFF" + b"\x00" * 4 + b"WAVE" + b"\xff" * 2000}
+    files = {
+        "empty": b"",
+        "text": b"hello, not audio\n" * 20,
+        "binary": bytes(range(256)) * 8,
+        "truncated_flac": None,
+        "rate0": None,
+        "m4a": b"\x00\x00\x00\x20ftypM4A " + bytes(2000),
+        "corrupt_wav": b"RIFF" + b"\x00" * 4 + b"WAVE" + b"\xff" * 2000,
+    }
     out = {}
     for name, data in files.items():
         p = d / f"{name}.wav"
         if name == "truncated_flac":
             p = d / "t.flac"
-            sf.write(p, np.frombuffer(good[44:44 + 10 * SR * 2], np.int16), SR)
+            sf.write(p, np.frombuffer(good[44 : 44 + 10 * SR * 2], np.int16), SR)
             p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
         elif name == "rate0":
-            h = bytearray(good[:44 + 2 * SR])
+            h = bytearray(good[: 44 + 2 * SR])
             struct.pack_into("<II", h, 24, 0, 0)
             p.write_bytes(bytes(h))
         else:
@@ -382,11 +404,19 @@ def bad_files(d: Path) -> dict[str, Path]:
     return out
 
 
-@pytest.mark.parametrize("name,message", [
-    ("empty", "empty"), ("text", "text file"), ("binary", "not text, an image or audio"),
-    ("truncated_flac", "cut short"), ("rate0", "sample rate of 0"), ("m4a", "cannot be decoded"),
-    ("corrupt_wav", "cannot be decoded"), ("zero", "no audio samples"),
-])
+@pytest.mark.parametrize(
+    "name,message",
+    [
+        ("empty", "empty"),
+        ("text", "text file"),
+        ("binary", "not text, an image or audio"),
+        ("truncated_flac", "cut short"),
+        ("rate0", "sample rate of 0"),
+        ("m4a", "cannot be decoded"),
+        ("corrupt_wav", "cannot be decoded"),
+        ("zero", "no audio samples"),
+    ],
+)
 def test_bad_input_is_a_one_line_error(name, message, tmp_path, tiny_dir):
     path = bad_files(tmp_path)[name]
     r = invoke(path, "--model", build_ct2(tiny_dir), "-q")
@@ -447,9 +477,9 @@ def librivox(tmp_path_factory):
     d = tmp_path_factory.mktemp("librivox")
     x, sr = sf.read(SAMPLES / "meeting.wav", dtype="int16")
     out = []
-    for i, (a, b, src, text) in enumerate(u for u in utterances() if "librivox" in u[2]):
+    for i, (a, b, _src, text) in enumerate(u for u in utterances() if "librivox" in u[2]):
         p = d / f"{i}.wav"
-        sf.write(p, x[int((a - 0.3) * sr):int((b + 0.3) * sr)], sr, subtype="PCM_16")
+        sf.write(p, x[int((a - 0.3) * sr) : int((b + 0.3) * sr)], sr, subtype="PCM_16")
         out.append((p, text))
     return out
 
@@ -480,7 +510,7 @@ def test_real_meeting_subtitles_are_valid_and_timed(tmp_path):
     times = [(s.start.ordinal / 1000, s.end.ordinal / 1000) for s in subs]
     flat = [t for pair in times for t in pair]
     assert flat == sorted(flat) and flat[-1] <= duration + 1e-3
-    for (a, b, _, _) in utterances():  # every utterance overlaps some subtitle
+    for a, b, _, _ in utterances():  # every utterance overlaps some subtitle
         assert any(s < b and e > a for s, e in times), (a, b)
     hyp = " ".join(s.text for s in subs)
     assert wer((SAMPLES / "meeting.txt").read_text(), hyp) <= 0.25, hyp  # the cards' "clubs" is hard
@@ -535,16 +565,19 @@ def _omp_env_after(extra_env: dict) -> list[dict[str, str]]:
     import subprocess
     import sys
 
-    code = ("import numpy as np\n"
-            "from taskrun.pipelines.speech import audio\n"
-            "audio.speech_spans(np.zeros(16000, np.float32), 16000)\n"
-            "import os, torch\n"
-            "assert ('GOMP_SPINCOUNT' in os.environ) == bool(os.environ.get('USER_SPIN'))\n"
-            "torch.ones(64, 64) @ torch.ones(64, 64)\n"
-            "from taskrun.pipelines import device\n"
-            "print(device.ct2_wait_note())\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY",
-                                                              "TASKRUN_CT2_SPINCOUNT")}
+    code = (
+        "import numpy as np\n"
+        "from taskrun.pipelines.speech import audio\n"
+        "audio.speech_spans(np.zeros(16000, np.float32), 16000)\n"
+        "import os, torch\n"
+        "assert ('GOMP_SPINCOUNT' in os.environ) == bool(os.environ.get('USER_SPIN'))\n"
+        "torch.ones(64, 64) @ torch.ones(64, 64)\n"
+        "from taskrun.pipelines import device\n"
+        "print(device.ct2_wait_note())\n"
+    )
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "TASKRUN_CT2_SPINCOUNT")
+    }
     env.update(OMP_DISPLAY_ENV="VERBOSE", **extra_env)
     if "GOMP_SPINCOUNT" in extra_env:
         env["USER_SPIN"] = "1"
@@ -568,8 +601,9 @@ def test_ctranslate2_spins_briefly_while_torch_waits_passively():
     ct2, torch_omp = _omp_env_after({"TASKRUN_CT2_SPINCOUNT": CT2_SPINCOUNT})
     assert ct2["OMP_WAIT_POLICY"] == "PASSIVE" and ct2["GOMP_SPINCOUNT"] == CT2_SPINCOUNT
     assert torch_omp["OMP_WAIT_POLICY"] == "PASSIVE" and torch_omp["GOMP_SPINCOUNT"] == "0"
-    assert LAST_NOTE == [f"CTranslate2's threads spin {int(CT2_SPINCOUNT):,} times before sleeping "
-                         f"(TASKRUN_CT2_SPINCOUNT)"]
+    assert LAST_NOTE == [
+        f"CTranslate2's threads spin {int(CT2_SPINCOUNT):,} times before sleeping (TASKRUN_CT2_SPINCOUNT)"
+    ]
     ct2, torch_omp = _omp_env_after({"TASKRUN_CT2_SPINCOUNT": "0"})
     assert ct2["GOMP_SPINCOUNT"] == "0" == torch_omp["GOMP_SPINCOUNT"]
     assert LAST_NOTE == ["CTranslate2's threads wait passively (TASKRUN_CT2_SPINCOUNT)"]
@@ -602,9 +636,11 @@ def test_the_wait_note_says_each_way_the_wait_was_set(monkeypatch):
 
     from taskrun.pipelines import device
 
-    for wait, said in ((("1000", "why"), "spin 1,000 times before sleeping (why)"),
-                       (("0", "why"), "wait passively (why)"),
-                       (("10k", "your GOMP_SPINCOUNT"), "spin as GOMP_SPINCOUNT=10k says (your GOMP_SPINCOUNT)")):
+    for wait, said in (
+        (("1000", "why"), "spin 1,000 times before sleeping (why)"),
+        (("0", "why"), "wait passively (why)"),
+        (("10k", "your GOMP_SPINCOUNT"), "spin as GOMP_SPINCOUNT=10k says (your GOMP_SPINCOUNT)"),
+    ):
         monkeypatch.setattr(device, "_CT2_WAIT", wait)
         assert device.ct2_wait_note() == f"CTranslate2's threads {said}"
     monkeypatch.setattr(device, "_CT2_WAIT", None)

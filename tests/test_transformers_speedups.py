@@ -11,8 +11,8 @@ import soundfile as sf
 import torch
 
 from taskrun.models.resolve import resolve
-from taskrun.pipelines.speech.engine import FileState
 from taskrun.pipelines.device import transpose_head
+from taskrun.pipelines.speech.engine import FileState
 from taskrun.pipelines.speech.hf_engine import HFSpeechEngine
 from taskrun.tasks.transcribe import Options
 from tests.tiny.whisper import build, clip
@@ -96,6 +96,7 @@ def vocabulary_scans(monkeypatch, vocab: int) -> list[int]:
         if getattr(elements, "numel", lambda: 0)() == vocab:
             calls.append(1)
         return real(elements, test_elements, *args, **kwargs)
+
     monkeypatch.setattr(torch, "isin", spy)
     return calls
 

@@ -70,8 +70,12 @@ def _png48(path, rgb16):
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
     rows = b"".join(b"\0" + rgb16[y].astype(">u2").tobytes() for y in range(h))
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 16, 2, 0, 0, 0))
-                     + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 16, 2, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
     return path
 
 
@@ -101,11 +105,14 @@ def test_decompression_bomb_is_refused_with_the_limit(tmp_path, monkeypatch):
         load_image(p)
 
 
-@pytest.mark.parametrize("name,make,expect", [
-    ("trunc.png", lambda p, src: p.write_bytes(src.read_bytes()[:200]), "damaged or cut short"),
-    ("empty.png", lambda p, src: p.write_bytes(b""), "empty"),
-    ("text.jpg", lambda p, src: p.write_text("not a picture"), "not an image"),
-])
+@pytest.mark.parametrize(
+    "name,make,expect",
+    [
+        ("trunc.png", lambda p, src: p.write_bytes(src.read_bytes()[:200]), "damaged or cut short"),
+        ("empty.png", lambda p, src: p.write_bytes(b""), "empty"),
+        ("text.jpg", lambda p, src: p.write_text("not a picture"), "not an image"),
+    ],
+)
 def test_broken_files_get_a_clear_error(tmp_path, pics, name, make, expect):
     p = tmp_path / name
     make(p, pics[0])
@@ -138,8 +145,9 @@ def test_batched_scores_equal_one_at_a_time(tiny_dir, pics):
     single = job("classify", *pics, "-m", vit, "--batch-size", "1")
     for a, b in zip(batched["items"], single["items"]):
         assert [x["label"] for x in a["result"]["labels"]] == [x["label"] for x in b["result"]["labels"]]
-        assert np.allclose([x["score"] for x in a["result"]["labels"]],
-                           [x["score"] for x in b["result"]["labels"]], atol=1e-5)
+        assert np.allclose(
+            [x["score"] for x in a["result"]["labels"]], [x["score"] for x in b["result"]["labels"]], atol=1e-5
+        )
 
 
 def test_a_broken_image_fails_alone_and_the_exit_is_non_zero(tiny_dir, pics, tmp_path):
@@ -153,8 +161,8 @@ def test_a_broken_image_fails_alone_and_the_exit_is_non_zero(tiny_dir, pics, tmp
 
 
 def test_pipeline_reports_progress_per_batch(tiny_dir, pics):
-    from taskrun.pipelines import load_pipeline
     from taskrun.models.resolve import resolve
+    from taskrun.pipelines import load_pipeline
     from taskrun.tasks import events as ev
     from taskrun.tasks.classify import Options
     from taskrun.tasks.clock import Clock
@@ -209,13 +217,15 @@ def test_boxes_come_back_in_original_pixels(tiny_dir, pics, builder):
         for b in res["boxes"]:
             assert b["label"] == "cat" and b["score"] == pytest.approx(CAT_SCORE, abs=1e-3)
             assert [b["x0"], b["y0"], b["x1"], b["y1"]] == pytest.approx(
-                [(cx - w / 2) * W, (cy - h / 2) * H, (cx + w / 2) * W, (cy + h / 2) * H], abs=0.05)
+                [(cx - w / 2) * W, (cy - h / 2) * H, (cx + w / 2) * W, (cy + h / 2) * H], abs=0.05
+            )
     assert out["metrics"]["items"] == 3
 
 
 @pytest.mark.parametrize("task, builder", [("classify", build_vit), ("detect", build_detr)], ids=["vit", "detr"])
-def test_a_large_photo_is_decoded_no_larger_than_the_processor_resizes_to(tiny_dir, tmp_path, monkeypatch,
-                                                                          task, builder):
+def test_a_large_photo_is_decoded_no_larger_than_the_processor_resizes_to(
+    tiny_dir, tmp_path, monkeypatch, task, builder
+):
     """The transformers runtimes ask for their processor's size as the decode's fit (ViT's
     32x32, DETR's shortest edge 32 here): a 2000x1500 JPEG is decoded at a reduced scale, and
     detect's boxes still come back in the original's pixels."""
@@ -226,7 +236,7 @@ def test_a_large_photo_is_decoded_no_larger_than_the_processor_resizes_to(tiny_d
     decoded = record_decodes(monkeypatch)
     out = job(task, photo, "-m", builder(tiny_dir))
     assert out["metrics"]["items"] == 1
-    (fit, size), = decoded
+    ((fit, size),) = decoded
     assert fit == 32 and 32 <= min(size) < 64, decoded
     if task == "detect":
         res = out["items"][0]["result"]

@@ -12,7 +12,6 @@ import pytest
 
 from taskrun.tasks import events as ev
 from taskrun.tasks.base import Input
-
 from tests.test_vision import invoke, job
 from tests.tiny import models_toml_with
 from tests.tiny.torch_vision import alias, build_efficientnet
@@ -28,13 +27,17 @@ def tiny(tiny_dir, tmp_path, monkeypatch):
     from taskrun.pipelines import clear_cache
 
     clear_cache()  # a session loaded by an earlier test would skip this test's export
-    entry = alias("tiny-efficientnet-ort", build_efficientnet(tiny_dir), "EfficientNetLite0", "classify",
-                  "image-classification")
+    entry = alias(
+        "tiny-efficientnet-ort", build_efficientnet(tiny_dir), "EfficientNetLite0", "classify", "image-classification"
+    )
     entry["tiny-efficientnet-ort"].update(runtime="onnxruntime", runtimes=["onnxruntime", "torch"])
     monkeypatch.setenv("TASKRUN_MODELS_TOML", str(models_toml_with(entry, tmp_path)))
     monkeypatch.setenv("TASKRUN_CACHE_DIR", str(tmp_path / "cache"))
-    pics = [picture(tmp_path / "pics", "wide.png", (96, 64)), picture(tmp_path / "pics", "tall.png", (40, 120)),
-            picture(tmp_path / "pics", "square.png", (50, 50))]
+    pics = [
+        picture(tmp_path / "pics", "wide.png", (96, 64)),
+        picture(tmp_path / "pics", "tall.png", (40, 120)),
+        picture(tmp_path / "pics", "square.png", (50, 50)),
+    ]
     return "tiny-efficientnet-ort", pics
 
 

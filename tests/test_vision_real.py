@@ -65,8 +65,9 @@ def test_batch_of_sixteen_equals_one_at_a_time_in_float32():
 
 
 def test_astronaut_has_one_face_where_her_face_is_and_the_rocket_none(tmp_path):
-    out = job("detect", IMAGES / "astronaut.jpg", IMAGES / "rocket.jpg", "--landmarks",
-              "--annotate", tmp_path / "faces.png")
+    out = job(
+        "detect", IMAGES / "astronaut.jpg", IMAGES / "rocket.jpg", "--landmarks", "--annotate", tmp_path / "faces.png"
+    )
     assert out["model"]["name"] == "mtcnn"
     astronaut, rocket = out["items"]
     faces = astronaut["result"]["boxes"]
@@ -88,8 +89,8 @@ def test_cat_and_coffee_have_no_human_face():
 def test_folding_batch_norm_into_the_convs_changes_nothing():
     import torch
 
-    from taskrun.pipelines.vision.efficientnet import build_model, fuse_for_inference, preprocess
     from taskrun.models.resolve import resolve
+    from taskrun.pipelines.vision.efficientnet import build_model, fuse_for_inference, preprocess
     from taskrun.tasks.image_files import load_image
 
     card = resolve("efficientnet-lite0")

@@ -4,8 +4,19 @@ from __future__ import annotations
 
 import re
 
-_NUMS = {"0": "zero", "1": "one", "2": "two", "3": "three", "4": "four", "5": "five", "6": "six",
-         "7": "seven", "8": "eight", "9": "nine", "10": "ten"}
+_NUMS = {
+    "0": "zero",
+    "1": "one",
+    "2": "two",
+    "3": "three",
+    "4": "four",
+    "5": "five",
+    "6": "six",
+    "7": "seven",
+    "8": "eight",
+    "9": "nine",
+    "10": "ten",
+}
 
 
 def words_of(text: str) -> list[str]:

@@ -10,9 +10,14 @@ from taskrun.pipelines.device import decode_threads
 from taskrun.tasks.image import Generation
 
 SCHEDULER_CLASSES = {
-    "ddim": "DDIMScheduler", "ddpm": "DDPMScheduler", "euler": "EulerDiscreteScheduler",
-    "euler-a": "EulerAncestralDiscreteScheduler", "dpm++": "DPMSolverMultistepScheduler",
-    "pndm": "PNDMScheduler", "lms": "LMSDiscreteScheduler", "heun": "HeunDiscreteScheduler",
+    "ddim": "DDIMScheduler",
+    "ddpm": "DDPMScheduler",
+    "euler": "EulerDiscreteScheduler",
+    "euler-a": "EulerAncestralDiscreteScheduler",
+    "dpm++": "DPMSolverMultistepScheduler",
+    "pndm": "PNDMScheduler",
+    "lms": "LMSDiscreteScheduler",
+    "heun": "HeunDiscreteScheduler",
     "unipc": "UniPCMultistepScheduler",
 }
 

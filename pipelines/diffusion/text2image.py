@@ -34,8 +34,9 @@ def run_text(pipe, device: str, gen: Generation, scheduler, clock):
         marks.setdefault("loop", time.perf_counter())
 
     kwargs = _call_kwargs(gen, device, _on_step(gen, marks, events))
-    worker = threading.Thread(target=_work, args=(pipe, kwargs, device, gen, marks, result, events),
-                              name="taskrun-image", daemon=True)
+    worker = threading.Thread(
+        target=_work, args=(pipe, kwargs, device, gen, marks, result, events), name="taskrun-image", daemon=True
+    )
     hook = denoiser.register_forward_pre_hook(first_forward)
     if denoiser.__class__.__name__ == "UNet2DConditionModel":
         denoiser.forward = traced_forward(pipe, denoiser, marks)
@@ -51,8 +52,13 @@ def run_text(pipe, device: str, gen: Generation, scheduler, clock):
     to_pixels(gen, result["images"])
     loop_start, loop_end = marks["loop"], marks.get("last", marks["loop"])
     compile_s = marks.get("compile_s", 0.0)  # traced at the first step: neither encode nor loop
-    return (loop_start - compile_s - marks["start"], loop_end - loop_start, marks["end"] - loop_end,
-            marks.get("n", 0), compile_s)
+    return (
+        loop_start - compile_s - marks["start"],
+        loop_end - loop_start,
+        marks["end"] - loop_end,
+        marks.get("n", 0),
+        compile_s,
+    )
 
 
 def _on_step(gen: Generation, marks: dict, events: queue.Queue):
@@ -71,10 +77,16 @@ def _on_step(gen: Generation, marks: dict, events: queue.Queue):
 
 def _call_kwargs(gen: Generation, device: str, on_step) -> dict:
     """The pipeline call's arguments: each image's generator seeded with its own seed."""
-    kwargs = dict(prompt=gen.prompt, num_inference_steps=gen.steps, height=gen.height,
-                  width=gen.width, num_images_per_prompt=len(gen.images), output_type="np",
-                  generator=[torch.Generator(device=device).manual_seed(im.seed) for im in gen.images],
-                  callback_on_step_end=on_step)
+    kwargs = dict(
+        prompt=gen.prompt,
+        num_inference_steps=gen.steps,
+        height=gen.height,
+        width=gen.width,
+        num_images_per_prompt=len(gen.images),
+        output_type="np",
+        generator=[torch.Generator(device=device).manual_seed(im.seed) for im in gen.images],
+        callback_on_step_end=on_step,
+    )
     if gen.guidance is not None:
         kwargs["guidance_scale"] = gen.guidance
     if gen.negative:
@@ -82,8 +94,7 @@ def _call_kwargs(gen: Generation, device: str, on_step) -> dict:
     return kwargs
 
 
-def _work(pipe, kwargs: dict, device: str, gen: Generation, marks: dict, result: dict,
-          events: queue.Queue) -> None:
+def _work(pipe, kwargs: dict, device: str, gen: Generation, marks: dict, result: dict, events: queue.Queue) -> None:
     """The worker thread: the pipeline call, its images or its exception into ``result``."""
     try:
         # set here: the thread count is per thread, and this thread runs the loop
@@ -104,8 +115,9 @@ def _drain(events: queue.Queue):
         try:
             item = events.get(timeout=STEP_TIMEOUT_S)
         except queue.Empty:
-            raise TaskError(f"no denoising step finished in {STEP_TIMEOUT_S}s; the model "
-                            f"is too slow for this device or stuck") from None
+            raise TaskError(
+                f"no denoising step finished in {STEP_TIMEOUT_S}s; the model is too slow for this device or stuck"
+            ) from None
         if item is None:
             return
         yield item

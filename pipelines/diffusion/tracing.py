@@ -73,16 +73,26 @@ def traced_forward(pipe, unet, marks: dict):
     original = type(unet).forward
 
     def forward(sample, timestep, encoder_hidden_states=None, *args, return_dict=True, **kw):
-        plain = not args and all(v is None for v in kw.values()) and torch.is_tensor(timestep) \
+        plain = (
+            not args
+            and all(v is None for v in kw.values())
+            and torch.is_tensor(timestep)
             and encoder_hidden_states is not None
+        )
         if not plain:
-            return original(unet, sample, timestep, encoder_hidden_states, *args,
-                            return_dict=return_dict, **kw)
+            return original(unet, sample, timestep, encoder_hidden_states, *args, return_dict=return_dict, **kw)
         if "graph" not in job:  # once per job: count the use, trace on the second job
-            key = ("unet2dcond", tuple(sample.shape), sample.dtype, timestep.dtype,
-                   tuple(timestep.shape), tuple(encoder_hidden_states.shape))
-            job["graph"], compile_s = traced(pipe, key, UNetCall(unet, "encoder_hidden_states", True),
-                                             (sample, timestep, encoder_hidden_states))
+            key = (
+                "unet2dcond",
+                tuple(sample.shape),
+                sample.dtype,
+                timestep.dtype,
+                tuple(timestep.shape),
+                tuple(encoder_hidden_states.shape),
+            )
+            job["graph"], compile_s = traced(
+                pipe, key, UNetCall(unet, "encoder_hidden_states", True), (sample, timestep, encoder_hidden_states)
+            )
             marks["compile_s"] = compile_s
             marks["loop"] = marks["loop"] + compile_s
         if job["graph"] is None:

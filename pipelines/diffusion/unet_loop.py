@@ -44,8 +44,9 @@ def _start(unet, cond, device: str, gen: Generation, scheduler, cfg: bool):
         if cfg:  # one batch: the conditional half, then the "no class" half
             labels = torch.cat([labels, torch.full_like(labels, cond.null_class)])
     shape = (1, unet.config.in_channels, gen.height, gen.width)
-    noise = torch.cat([torch.randn(shape, generator=torch.Generator().manual_seed(im.seed))
-                       for im in gen.images]).to(device, unet.dtype)
+    noise = torch.cat([torch.randn(shape, generator=torch.Generator().manual_seed(im.seed)) for im in gen.images]).to(
+        device, unet.dtype
+    )
     scheduler.set_timesteps(gen.steps, device=device)
     step_gen = torch.Generator(device=device).manual_seed(gen.images[0].seed)
     # Stochastic samplers take the generator; deterministic ones (LMS, PNDM) have no such argument.

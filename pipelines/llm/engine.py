@@ -62,8 +62,9 @@ class LLMEngine(ABC):
         is False (to cut a user's text that contains them without losing them)."""
 
     @abstractmethod
-    def prompt_ids(self, text: str, system: str = "", raw: bool = False, prefix: str = "",
-                   history: tuple = ()) -> list[int]:
+    def prompt_ids(
+        self, text: str, system: str = "", raw: bool = False, prefix: str = "", history: tuple = ()
+    ) -> list[int]:
         """Token ids of ``text`` as the model should see it: in its chat template (with ``system``
         as the system message, after the earlier turns of ``history``, (role, text) pairs)
         unless ``raw`` or the model has none; ``prefix`` starts the assistant's answer (e.g. "{"
@@ -84,6 +85,7 @@ class LLMEngine(ABC):
         one holding part of a multi-byte character (its text has "\\ufffd") is left out; a token
         that ``decode`` drops (skipping special tokens) is special. An engine that can read its
         tokens' bytes (transformers, llama.cpp's ``llama_token_to_piece``) returns them exactly."""
+
         def piece(i: int, text: str) -> bytes:
             if not text or "\ufffd" in text:
                 return b""

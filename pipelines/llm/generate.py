@@ -23,10 +23,16 @@ class GeneratePipeline(LLMPipeline):
     def run(self, inputs, options, clock):
         schema = load_schema(options.json_schema) if options.json_schema else None
         seed = options.seed if options.seed is not None else random.SystemRandom().randrange(2**31)
-        s = Sampling(max_tokens=options.max_tokens, temperature=options.temperature, top_p=options.top_p,
-                     top_k=options.top_k, seed=seed, stop=tuple(options.stop),
-                     repeat_penalty=options.repeat_penalty,
-                     grammar=schema_grammar(schema) if schema is not None else "")
+        s = Sampling(
+            max_tokens=options.max_tokens,
+            temperature=options.temperature,
+            top_p=options.top_p,
+            top_k=options.top_k,
+            seed=seed,
+            stop=tuple(options.stop),
+            repeat_penalty=options.repeat_penalty,
+            grammar=schema_grammar(schema) if schema is not None else "",
+        )
         system = schema_system(schema, options.system)
         totals = _Totals()
 
@@ -36,9 +42,16 @@ class GeneratePipeline(LLMPipeline):
             text = yield from self._answer(ids, s, clock, out, i, options.stream)
             totals.add(len(ids), out)
             n_out = len(out.token_ids)
-            res = Generation(prompt=inp.text, text=text, finish_reason=out.finish_reason,
-                             input_tokens=len(ids), output_tokens=n_out, seed=seed, truncated_tokens=dropped,
-                             cost=estimate_cost(len(ids), n_out, options.price_in, options.price_out))
+            res = Generation(
+                prompt=inp.text,
+                text=text,
+                finish_reason=out.finish_reason,
+                input_tokens=len(ids),
+                output_tokens=n_out,
+                seed=seed,
+                truncated_tokens=dropped,
+                cost=estimate_cost(len(ids), n_out, options.price_in, options.price_out),
+            )
             if schema is not None:
                 validate(res, schema, options.max_tokens)
             return res
@@ -64,13 +77,14 @@ class GeneratePipeline(LLMPipeline):
         if head is text and len(ids) < window:
             return ids, 0
         if not options.truncate:
-            size = f"{len(ids)} tokens" if head is text else \
-                f"over {window} tokens ({len(text):,} characters)"
-            raise TaskError(f"the prompt is {size}; {self.card.name} reads at most {window} "
-                            f"(prompt + answer). Shorten it, or pass --truncate to cut its end")
+            size = f"{len(ids)} tokens" if head is text else f"over {window} tokens ({len(text):,} characters)"
+            raise TaskError(
+                f"the prompt is {size}; {self.card.name} reads at most {window} "
+                f"(prompt + answer). Shorten it, or pass --truncate to cut its end"
+            )
         room = max(1, min(options.max_tokens, window // 4))  # leave the answer some room
         ids, dropped = fit_prompt(llm, head, window - room, system, options.raw, prefix, options.history)
-        return ids, dropped + count_tokens(llm, text[len(head):])
+        return ids, dropped + count_tokens(llm, text[len(head) :])
 
 
 @dataclass
@@ -99,12 +113,15 @@ class _Totals:
 
     def metrics(self, options) -> Metrics:
         return Metrics(
-            input_tokens=self.input_tokens, cached_prompt_tokens=self.cached_prompt_tokens,
-            output_tokens=self.output_tokens, ttft_s=self.ttft_s or 0.0,
+            input_tokens=self.input_tokens,
+            cached_prompt_tokens=self.cached_prompt_tokens,
+            output_tokens=self.output_tokens,
+            ttft_s=self.ttft_s or 0.0,
             prefill_s=self.prefill_s,
             decode_tokens_per_s=self.decode_steps / self.decode_s if self.decode_s > 0 else 0.0,
             finish_reason=",".join(dict.fromkeys(self.reasons)),
-            cost=estimate_cost(self.input_tokens, self.output_tokens, options.price_in, options.price_out))
+            cost=estimate_cost(self.input_tokens, self.output_tokens, options.price_in, options.price_out),
+        )
 
 
 HEAD_CHARS_PER_TOKEN = 8  # a first guess at a head's length: about twice English's characters per token
@@ -127,11 +144,12 @@ def text_head(llm: LLMEngine, text: str, tokens: int) -> str:
 def count_tokens(llm: LLMEngine, text: str) -> int:
     """About how many tokens ``text`` takes (exact to a token per 64 K characters), counted a
     piece at a time so that a long text never lives in memory as tokens all at once."""
-    return sum(llm.count(text[i:i + COUNT_CHARS]) for i in range(0, len(text), COUNT_CHARS))
+    return sum(llm.count(text[i : i + COUNT_CHARS]) for i in range(0, len(text), COUNT_CHARS))
 
 
-def fit_prompt(llm: LLMEngine, text: str, budget: int, system: str = "", raw: bool = False,
-               prefix: str = "", history: tuple = ()) -> tuple[list[int], int]:
+def fit_prompt(
+    llm: LLMEngine, text: str, budget: int, system: str = "", raw: bool = False, prefix: str = "", history: tuple = ()
+) -> tuple[list[int], int]:
     """(ids, dropped): the prompt with the end of ``text`` cut so that it takes at most
     ``budget`` tokens; ``dropped`` counts the text tokens removed."""
     ids = llm.prompt_ids(text, system, raw, prefix, history)
@@ -141,8 +159,10 @@ def fit_prompt(llm: LLMEngine, text: str, budget: int, system: str = "", raw: bo
     overhead = len(ids) - len(body)
     keep = budget - overhead
     if keep <= 0:
-        raise TaskError(f"the template and system prompt alone take {overhead} tokens, more than "
-                        f"the {budget} available; shorten --system or lower --max-tokens")
+        raise TaskError(
+            f"the template and system prompt alone take {overhead} tokens, more than "
+            f"the {budget} available; shorten --system or lower --max-tokens"
+        )
     ids = llm.prompt_ids(llm.decode(body[:keep], skip_special=False), system, raw, prefix, history)
     while len(ids) > budget and keep > 0:  # re-tokenising at the cut can add a token or two
         keep -= max(1, len(ids) - budget)

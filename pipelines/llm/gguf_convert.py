@@ -52,8 +52,10 @@ def _convert(src: Path, folder: Path) -> None:
     except ImportError as exc:
         raise TaskError(f"reading GGUF weights needs {exc.name or 'gguf'}: pip install gguf") from None
     except Exception as exc:  # an unsupported GGUF architecture or quantisation
-        raise TaskError(f"transformers could not read {src.name} ({type(exc).__name__}: {exc}); "
-                        f"give an HF folder of the same model with --model") from None
+        raise TaskError(
+            f"transformers could not read {src.name} ({type(exc).__name__}: {exc}); "
+            f"give an HF folder of the same model with --model"
+        ) from None
     tok.save_pretrained(folder)
     _save_plain(model, folder)
 
@@ -96,5 +98,8 @@ def _save_plain(model, folder: Path) -> None:
     state = model.state_dict()
     if getattr(cfg, "tie_word_embeddings", False):
         state.pop("lm_head.weight", None)  # tied: rebuilt from the embeddings on load
-    save_file({k: (v.to(torch.float16) if v.is_floating_point() else v).contiguous() for k, v in state.items()},
-              str(folder / "model.safetensors"), metadata={"format": "pt"})
+    save_file(
+        {k: (v.to(torch.float16) if v.is_floating_point() else v).contiguous() for k, v in state.items()},
+        str(folder / "model.safetensors"),
+        metadata={"format": "pt"},
+    )

@@ -44,8 +44,9 @@ def tokenizer(engine):
         from llguidance import LLTokenizer, TokenizerWrapper
 
         vocab = _Vocabulary(engine)
-        _TOKENIZERS[engine] = LLTokenizer(TokenizerWrapper(vocab), n_vocab=len(vocab.tokens),
-                                          eos_token=sorted(engine.eos))
+        _TOKENIZERS[engine] = LLTokenizer(
+            TokenizerWrapper(vocab), n_vocab=len(vocab.tokens), eos_token=sorted(engine.eos)
+        )
     return _TOKENIZERS[engine]
 
 
@@ -69,8 +70,10 @@ class Constraint:
         self._check()
         flags = np.unpackbits(bits, bitorder="little")[: self.tok.vocab_size].astype(bool)
         if not flags.any():
-            raise TaskError("the grammar allows no token here: the model's vocabulary cannot "
-                            "write what the schema requires; simplify the schema")
+            raise TaskError(
+                "the grammar allows no token here: the model's vocabulary cannot "
+                "write what the schema requires; simplify the schema"
+            )
         return flags
 
     def advance(self, token: int) -> None:
@@ -84,5 +87,7 @@ class Constraint:
 
     def _check(self) -> None:
         if self.matcher.is_error():
-            raise TaskError(f"the JSON grammar failed: {self.matcher.get_error()}; "
-                            f"simplify the schema (fewer alternatives, shorter patterns)")
+            raise TaskError(
+                f"the JSON grammar failed: {self.matcher.get_error()}; "
+                f"simplify the schema (fewer alternatives, shorter patterns)"
+            )

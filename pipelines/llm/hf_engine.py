@@ -15,7 +15,6 @@ from taskrun.pipelines.device import decode_threads, resolve_device, resolve_dty
 from taskrun.pipelines.llm.engine import LLMEngine
 from taskrun.tasks.base import ModelCard, TaskError
 
-
 PREFILL_CHUNK = 512  # prompt tokens per forward pass while reading a prompt (see prefill)
 
 
@@ -55,8 +54,14 @@ class TransformersLLM(LLMEngine):
         compact = compact_weights() if dtype in ("auto", "", None) and device == "cpu" else None
         compact = os.environ.get("TASKRUN_WEIGHTS", compact or "") or None  # float16 | int8 | float
         torch_dtype, name = resolve_dtype("float32" if compact else dtype, device, auto="float32")
-        return cached_model(card, "transformers", device, compact or name, "causal-lm",
-                            lambda: cls._build(card, device, torch_dtype, name, compact))
+        return cached_model(
+            card,
+            "transformers",
+            device,
+            compact or name,
+            "causal-lm",
+            lambda: cls._build(card, device, torch_dtype, name, compact),
+        )
 
     @classmethod
     def _build(cls, card: ModelCard, device: str, torch_dtype, name: str, compact: str | None):
@@ -70,8 +75,10 @@ class TransformersLLM(LLMEngine):
             tok = AutoTokenizer.from_pretrained(str(folder))
             model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch_dtype)
         except (OSError, ValueError) as exc:
-            raise TaskError(f"could not load {card.name} as a causal LM ({exc}); point --model at a "
-                            f"Hugging Face folder with config.json and tokenizer files, or a GGUF") from None
+            raise TaskError(
+                f"could not load {card.name} as a causal LM ({exc}); point --model at a "
+                f"Hugging Face folder with config.json and tokenizer files, or a GGUF"
+            ) from None
         model.to(device).eval()
         fast = device == "cpu" and supports(model) and os.environ.get("TASKRUN_FAST", "1") != "0"
         if device == "cpu" and name == "float32" and not (fast and compact not in (None, "float")):
@@ -96,14 +103,18 @@ class TransformersLLM(LLMEngine):
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
         return self.tok.decode(ids, skip_special_tokens=skip_special)
 
-    def prompt_ids(self, text: str, system: str = "", raw: bool = False, prefix: str = "",
-                   history: tuple = ()) -> list[int]:
+    def prompt_ids(
+        self, text: str, system: str = "", raw: bool = False, prefix: str = "", history: tuple = ()
+    ) -> list[int]:
         if raw or not getattr(self.tok, "chat_template", None):
             turns = "".join(f"{said}\n\n" for _, said in history)  # no template: the turns as text
             body = (system + "\n\n" if system else "") + turns + text + prefix
             return self.tok.encode(body, add_special_tokens=True)
-        messages = ([{"role": "system", "content": system}] if system else []) + \
-            [{"role": role, "content": said} for role, said in history] + [{"role": "user", "content": text}]
+        messages = (
+            ([{"role": "system", "content": system}] if system else [])
+            + [{"role": role, "content": said} for role, said in history]
+            + [{"role": "user", "content": text}]
+        )
         rendered = self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return self.tok.encode(rendered + prefix, add_special_tokens=False)
 
@@ -143,17 +154,22 @@ class TransformersLLM(LLMEngine):
             f.ensure(len(ids) + room)
             t = torch.tensor(ids)
             for a in range(0, len(ids), step):
-                logits = f.forward(t[a:a + step])
+                logits = f.forward(t[a : a + step])
             return logits
         from transformers import DynamicCache
 
         dev = self.device
         self._cache, self._pos = DynamicCache(config=self.model.config), len(ids)
         for a in range(0, len(ids), step):
-            part = ids[a:a + step]
+            part = ids[a : a + step]
             pos = torch.arange(a, a + len(part), device=dev)[None]
-            logits = self._infer(input_ids=torch.tensor([part], device=dev), cache=self._cache, use_cache=True,
-                                 position_ids=pos, logits_to_keep=1).logits[0, -1]
+            logits = self._infer(
+                input_ids=torch.tensor([part], device=dev),
+                cache=self._cache,
+                use_cache=True,
+                position_ids=pos,
+                logits_to_keep=1,
+            ).logits[0, -1]
         return logits
 
     def decode_step(self, token: int):
@@ -163,8 +179,12 @@ class TransformersLLM(LLMEngine):
             return self.fast.forward(torch.tensor([token]))
         dev, pos = self.device, self._pos
         self._pos += 1
-        return self._infer(input_ids=torch.tensor([[token]], device=dev), cache=self._cache, use_cache=True,
-                           position_ids=torch.tensor([[pos]], device=dev)).logits[0, -1]
+        return self._infer(
+            input_ids=torch.tensor([[token]], device=dev),
+            cache=self._cache,
+            use_cache=True,
+            position_ids=torch.tensor([[pos]], device=dev),
+        ).logits[0, -1]
 
     def free(self) -> None:
         self._cache, self._pos = None, 0
@@ -181,5 +201,5 @@ class TransformersLLM(LLMEngine):
 
         with torch.inference_mode():
             logits = self.model(input_ids=torch.tensor([ids + continuation], device=self.device)).logits[0]
-        lp = torch.log_softmax(logits[len(ids) - 1:-1].float(), -1)
+        lp = torch.log_softmax(logits[len(ids) - 1 : -1].float(), -1)
         return float(lp[torch.arange(len(continuation)), torch.tensor(continuation)].sum())

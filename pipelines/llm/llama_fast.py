@@ -21,10 +21,15 @@ def supports(model) -> bool:
     """True for the plain Llama architecture this module reimplements exactly."""
     cfg = model.config
     rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
-    return (cfg.model_type in ("llama", "mistral") and getattr(cfg, "hidden_act", "silu") == "silu"
-            and not getattr(cfg, "attention_bias", False) and not getattr(cfg, "mlp_bias", False)
-            and getattr(cfg, "sliding_window", None) is None
-            and rope.get("rope_type", "default") == "default" and getattr(cfg, "pretraining_tp", 1) == 1)
+    return (
+        cfg.model_type in ("llama", "mistral")
+        and getattr(cfg, "hidden_act", "silu") == "silu"
+        and not getattr(cfg, "attention_bias", False)
+        and not getattr(cfg, "mlp_bias", False)
+        and getattr(cfg, "sliding_window", None) is None
+        and rope.get("rope_type", "default") == "default"
+        and getattr(cfg, "pretraining_tp", 1) == 1
+    )
 
 
 REDUCE_RANGE = True  # 7-bit activations: fbgemm's int8 kernels saturate with 8 (garbage text)
@@ -85,15 +90,13 @@ def fp16_linear(w: torch.Tensor):
     return lambda x: op(x, packed)
 
 
-LINEARS = {"float": float_linear, "float16": fp16_linear, "int8": int8_weight_only_linear,
-           "int8-dynamic": int8_linear}
+LINEARS = {"float": float_linear, "float16": fp16_linear, "int8": int8_weight_only_linear, "int8-dynamic": int8_linear}
 BYTES = {"float16": 2, "int8": 1, "int8-dynamic": 1}  # per weight, for the decode ceiling
 
 
 def compact_weights() -> str | None:
     """The fastest weight format this torch build has for CPU decoding, or None."""
-    if "fbgemm" in torch.backends.quantized.supported_engines and \
-            hasattr(torch.ops.quantized, "linear_dynamic_fp16"):
+    if "fbgemm" in torch.backends.quantized.supported_engines and hasattr(torch.ops.quantized, "linear_dynamic_fp16"):
         return "float16"
     if hasattr(torch, "_weight_int8pack_mm"):
         return "int8"
@@ -134,11 +137,12 @@ class FastLlama:
             if weights != "float":
                 self.prompt_layers.append(_layer(norms, ws, bf16_linear))
             if release:  # the module's own copies are dead weight now: free them layer by layer
-                for mod in (a.q_proj, a.k_proj, a.v_proj, m.gate_proj, m.up_proj) + \
-                        ((a.o_proj, m.down_proj) if weights != "float" else ()):
+                for mod in (a.q_proj, a.k_proj, a.v_proj, m.gate_proj, m.up_proj) + (
+                    (a.o_proj, m.down_proj) if weights != "float" else ()
+                ):
                     mod.weight = torch.nn.Parameter(torch.empty(0, dtype=mod.weight.dtype), requires_grad=False)
         self.prompt_layers = self.prompt_layers or self.layers
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         self.q_size = self.n_heads * self.head_dim
         self.kv_size = self.n_kv * self.head_dim
         self.ffn = cfg.intermediate_size
@@ -162,8 +166,8 @@ class FastLlama:
         k = torch.zeros(self.n_layers, self.n_kv, size, self.head_dim, dtype=self.dtype)
         v = torch.zeros_like(k)
         if self.pos:
-            k[:, :, :self.pos] = self.k[:, :, :self.pos]
-            v[:, :, :self.pos] = self.v[:, :, :self.pos]
+            k[:, :, : self.pos] = self.k[:, :, : self.pos]
+            v[:, :, : self.pos] = self.v[:, :, : self.pos]
         self.k, self.v, self.max_len = k, v, size
 
     def _rms(self, x, w):
@@ -191,22 +195,20 @@ class FastLlama:
             h = self._rms(x, w_in)
             qkv = wqkv(h)
             # q and k sit side by side in the fused output: one rotary pass covers both heads' sets
-            qk = self._rope(qkv[:, :self.q_size + self.kv_size].view(t, nh + nkv, d).transpose(0, 1), cos, sin)
+            qk = self._rope(qkv[:, : self.q_size + self.kv_size].view(t, nh + nkv, d).transpose(0, 1), cos, sin)
             q = qk[:nh]
             self.k[i, :, p0:p1] = qk[nh:]
-            self.v[i, :, p0:p1] = qkv[:, self.q_size + self.kv_size:].view(t, nkv, d).transpose(0, 1)
+            self.v[i, :, p0:p1] = qkv[:, self.q_size + self.kv_size :].view(t, nkv, d).transpose(0, 1)
             kc, vc = self.k[i, :, :p1], self.v[i, :, :p1]
             # Batched (4-D) inputs: torch's CPU flash kernel takes them and holds a tile of the
             # scores at a time; 3-D ones fall back to the math path, which holds heads x t x p1
             # floats (1.8 GB per layer for a 7k-token prompt). Measured for a 512-token chunk
             # after 6.5k tokens: 0.29 s and 0.3 GB peak against 0.89 s and 0.6 GB.
             if causal and p0 == 0:
-                att = F.scaled_dot_product_attention(q[None], kc[None], vc[None], is_causal=True,
-                                                     enable_gqa=True)[0]
+                att = F.scaled_dot_product_attention(q[None], kc[None], vc[None], is_causal=True, enable_gqa=True)[0]
             elif causal:  # a multi-token append after earlier tokens (a prompt's later chunk)
                 mask = torch.ones(t, p1, dtype=torch.bool).tril(p0)
-                att = F.scaled_dot_product_attention(q[None], kc[None], vc[None], attn_mask=mask,
-                                                     enable_gqa=True)[0]
+                att = F.scaled_dot_product_attention(q[None], kc[None], vc[None], attn_mask=mask, enable_gqa=True)[0]
             else:  # one new token: grouped-query attention as two small products
                 # (SDPA's CPU path for grouped heads copies the cache per query group first)
                 g = nh // nkv
@@ -214,12 +216,12 @@ class FastLlama:
                 x = x + wo(torch.matmul(w, vc).view(1, nh * d))
                 h = self._rms(x, w_post)
                 gu = wgu(h)
-                x = x + wdown(F.silu(gu[:, :self.ffn]) * gu[:, self.ffn:])
+                x = x + wdown(F.silu(gu[:, : self.ffn]) * gu[:, self.ffn :])
                 continue
             x = x + wo(att.transpose(0, 1).reshape(t, nh * d))
             h = self._rms(x, w_post)
             gu = wgu(h)
-            x = x + wdown(F.silu(gu[:, :self.ffn]) * gu[:, self.ffn:])
+            x = x + wdown(F.silu(gu[:, : self.ffn]) * gu[:, self.ffn :])
         self.pos = p1
         return self.lm_head(self._rms(x[-1:], self.norm))[0].float()
 

@@ -88,15 +88,22 @@ class LlamaCppEngine(LLMEngine):
         """``card``'s GGUF on the CPU, in its own weight format; loaded once per process."""
         path = gguf_file(card)
         if path is None:
-            raise TaskError(f"the llama.cpp runtime reads GGUF files; {card.name} is not one "
-                            f"({card.format or 'unknown format'}): use --runtime transformers")
+            raise TaskError(
+                f"the llama.cpp runtime reads GGUF files; {card.name} is not one "
+                f"({card.format or 'unknown format'}): use --runtime transformers"
+            )
         if device not in ("auto", "", None, "cpu"):
-            raise TaskError(f"this llama.cpp build runs on the CPU only; use --device cpu, or --runtime "
-                            f"transformers for --device {device}")
+            raise TaskError(
+                f"this llama.cpp build runs on the CPU only; use --device cpu, or --runtime "
+                f"transformers for --device {device}"
+            )
         if dtype not in ("auto", "", None):
-            raise TaskError(f"llama.cpp runs the GGUF's own weights as stored; --dtype {dtype} needs "
-                            f"--runtime transformers (or leave --dtype auto)")
+            raise TaskError(
+                f"llama.cpp runs the GGUF's own weights as stored; --dtype {dtype} needs "
+                f"--runtime transformers (or leave --dtype auto)"
+            )
         meta = gguf_metadata(path)
+
         def build() -> LlamaCppEngine:
             lib = library()
             return cls(lib, Native(lib, path), meta, card.digest)
@@ -133,19 +140,24 @@ class LlamaCppEngine(LLMEngine):
             size = -got + 1
         raise RuntimeError(f"llama_detokenize failed for {n} tokens")
 
-    def prompt_ids(self, text: str, system: str = "", raw: bool = False, prefix: str = "",
-                   history: tuple = ()) -> list[int]:
+    def prompt_ids(
+        self, text: str, system: str = "", raw: bool = False, prefix: str = "", history: tuple = ()
+    ) -> list[int]:
         if raw or not self.template:
             turns = "".join(f"{said}\n\n" for _, said in history)  # no template: the turns as text
             body = (system + "\n\n" if system else "") + turns + text + prefix
             return self._tokenize(body, add_special=True)
-        messages = ([{"role": "system", "content": system}] if system else []) + \
-            [{"role": role, "content": said} for role, said in history] + [{"role": "user", "content": text}]
+        messages = (
+            ([{"role": "system", "content": system}] if system else [])
+            + [{"role": role, "content": said} for role, said in history]
+            + [{"role": "user", "content": text}]
+        )
         try:
             rendered = self.formatter()(messages=messages).prompt
         except Exception as exc:  # jinja2 raises many kinds; the template is the model's
-            raise TaskError(f"the chat template of {self.path.name} failed ({exc}); pass --raw to "
-                            f"send the prompt without it") from None
+            raise TaskError(
+                f"the chat template of {self.path.name} failed ({exc}); pass --raw to send the prompt without it"
+            ) from None
         return self._tokenize(rendered + prefix, add_special=False)
 
     def formatter(self):
@@ -153,9 +165,12 @@ class LlamaCppEngine(LLMEngine):
         if self._formatter is None:
             from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-            self._formatter = Jinja2ChatFormatter(self.template, eos_token=self._text(
-                self.lib.llama_vocab_eos(self.vocab)), bos_token=self._text(self.lib.llama_vocab_bos(self.vocab)),
-                add_generation_prompt=True)
+            self._formatter = Jinja2ChatFormatter(
+                self.template,
+                eos_token=self._text(self.lib.llama_vocab_eos(self.vocab)),
+                bos_token=self._text(self.lib.llama_vocab_bos(self.vocab)),
+                add_generation_prompt=True,
+            )
         return self._formatter
 
     def _text(self, token: int) -> str:
@@ -174,7 +189,7 @@ class LlamaCppEngine(LLMEngine):
                     out.append((buf.raw[:n], False))
                     continue
                 n = lib.llama_token_to_piece(vocab, t, buf, 256, 0, True)  # control: its text
-                out.append((buf.raw[:max(n, 0)], n > 0))
+                out.append((buf.raw[: max(n, 0)], n > 0))
             self._texts = out
         return self._texts
 
@@ -307,5 +322,8 @@ def _shared(a: list[int], b: list[int]) -> int:
 
 def _special_ids(meta: dict) -> set[int]:
     """Token ids the GGUF header names (eos, eot, padding, ...): the candidates for end of turn."""
-    return {int(v) for k, v in meta.items() if k.startswith("tokenizer.ggml.") and k.endswith("_token_id")
-            and isinstance(v, int)}
+    return {
+        int(v)
+        for k, v in meta.items()
+        if k.startswith("tokenizer.ggml.") and k.endswith("_token_id") and isinstance(v, int)
+    }

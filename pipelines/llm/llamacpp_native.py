@@ -26,8 +26,10 @@ from pathlib import Path
 from taskrun.tasks.base import TaskError
 
 PIP = "llama-cpp-python==0.3.36"
-INSTALL = (f"`make install` builds it; by hand: CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON "
-           f"-DGGML_F16C=ON\" pip install {PIP}")
+INSTALL = (
+    f'`make install` builds it; by hand: CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON '
+    f'-DGGML_F16C=ON" pip install {PIP}'
+)
 BATCH = 512  # prompt tokens per llama_decode call (and the largest ubatch llama.cpp plans for)
 COPY_MAX_BYTES = 256 << 20  # a prompt copy only for GGUFs up to this size (~0.5B parameters at 4 bits)
 F16 = 1  # llama_ftype MOSTLY_F16
@@ -45,8 +47,9 @@ def library():
     try:
         import llama_cpp
     except (ImportError, OSError) as exc:
-        raise TaskError(f"the llama.cpp runtime needs {PIP} ({exc}); {INSTALL}; "
-                        f"or pick --runtime transformers") from None
+        raise TaskError(
+            f"the llama.cpp runtime needs {PIP} ({exc}); {INSTALL}; or pick --runtime transformers"
+        ) from None
 
     @llama_cpp.llama_log_callback
     def keep(level, text, user_data):
@@ -152,8 +155,10 @@ class Native:
         _LOG.clear()
         self.model = lib.llama_model_load_from_file(str(path).encode(), params) or None
         if self.model is None:
-            raise TaskError(f"llama.cpp could not load {path} ({log_tail(True) or 'no reason given'}); "
-                            f"re-download the file, or try --runtime transformers")
+            raise TaskError(
+                f"llama.cpp could not load {path} ({log_tail(True) or 'no reason given'}); "
+                f"re-download the file, or try --runtime transformers"
+            )
 
     def ensure(self, size: int) -> None:
         """A context with room for ``size`` tokens (made anew, empty, when the current one is smaller)."""
@@ -168,8 +173,10 @@ class Native:
         _LOG.clear()
         self.ctx = lib.llama_init_from_model(self.model, p) or None
         if self.ctx is None:
-            raise TaskError(f"llama.cpp could not make a {size}-token context for {self.path.name} "
-                            f"({log_tail()}); free memory or shorten the job")
+            raise TaskError(
+                f"llama.cpp could not make a {size}-token context for {self.path.name} "
+                f"({log_tail()}); free memory or shorten the job"
+            )
         self.mem, self.n_ctx = lib.llama_get_memory(self.ctx), lib.llama_n_ctx(self.ctx)
         self.n_batch_threads = p.n_threads_batch
         self.tokens, self.prompt_end = [], None
@@ -200,8 +207,10 @@ class Native:
         """Append the ``n`` tokens of the ctypes array ``arr``; a pointer to the logits after the last."""
         lib = self.lib
         if self.pos + n > self.n_ctx:
-            raise TaskError(f"the sequence outgrew its {self.n_ctx}-token KV cache; this is a bug in "
-                            f"the caller's room estimate (report it)")
+            raise TaskError(
+                f"the sequence outgrew its {self.n_ctx}-token KV cache; this is a bug in "
+                f"the caller's room estimate (report it)"
+            )
         if n > 1:
             self.n_batch_threads = prompt_threads()
             lib.llama_set_n_threads(self.ctx, self.n_threads, self.n_batch_threads)

@@ -19,7 +19,7 @@ def schema_system(schema, system: str) -> str:
     """The system prompt with the schema instruction added."""
     if schema is None:
         return system
-    return (system + "\n\n" if system else "") + SCHEMA_SYSTEM.format(schema=json.dumps(schema, separators=(',', ':')))
+    return (system + "\n\n" if system else "") + SCHEMA_SYSTEM.format(schema=json.dumps(schema, separators=(",", ":")))
 
 
 def validate(res: Generation, schema, max_tokens: int) -> None:
@@ -39,11 +39,13 @@ def validate(res: Generation, schema, max_tokens: int) -> None:
             return
         where = "/".join(str(x) for x in errors[0].path) or "top level"
         problem = f"{where}: {errors[0].message}"
-    fix = (f"it was cut at the {max_tokens}-token limit before the JSON closed: raise --max-tokens"
-           if res.finish_reason == "length" and res.output_tokens >= max_tokens else
-           "the context window filled before the JSON closed: shorten the prompt or the schema"
-           if res.finish_reason == "length" else
-           "a --stop text cut it: drop --stop" if res.finish_reason == "stop_sequence" else
-           "simplify the schema or try another --seed")
-    raise TaskError(f"the answer does not match --json-schema ({problem}); {fix}. "
-                    f"The answer began: {res.text[:160]!r}")
+    fix = (
+        f"it was cut at the {max_tokens}-token limit before the JSON closed: raise --max-tokens"
+        if res.finish_reason == "length" and res.output_tokens >= max_tokens
+        else "the context window filled before the JSON closed: shorten the prompt or the schema"
+        if res.finish_reason == "length"
+        else "a --stop text cut it: drop --stop"
+        if res.finish_reason == "stop_sequence"
+        else "simplify the schema or try another --seed"
+    )
+    raise TaskError(f"the answer does not match --json-schema ({problem}); {fix}. The answer began: {res.text[:160]!r}")

@@ -27,8 +27,13 @@ class SummarizePipeline(LLMPipeline):
 
     def run(self, inputs, options, clock):
         budget = self._budget(options)
-        s = Sampling(max_tokens=options.answer_tokens, temperature=options.temperature, top_p=options.top_p,
-                     seed=options.seed, repeat_penalty=options.repeat_penalty)
+        s = Sampling(
+            max_tokens=options.answer_tokens,
+            temperature=options.temperature,
+            top_p=options.top_p,
+            seed=options.seed,
+            repeat_penalty=options.repeat_penalty,
+        )
         stages: list[dict] = []
         done: list[tuple[Summary, Decoded]] = []
 
@@ -41,15 +46,19 @@ class SummarizePipeline(LLMPipeline):
         last = done[0][1] if done else None  # the first summary's final pass: what a user waits for
         n_dec = sum(st["decode_steps"] for st in stages)
         t_dec = sum(st["decode_s"] for st in stages)
-        yield ev.Done(Metrics(
-            input_tokens=sum(st["input_tokens"] for st in stages),
-            cached_prompt_tokens=sum(st["cached_prompt_tokens"] for st in stages),
-            output_tokens=sum(st["output_tokens"] for st in stages),
-            ttft_s=(last.first_token_at or 0.0) if last else 0.0,
-            prefill_s=sum(st["prefill_s"] for st in stages),
-            decode_tokens_per_s=n_dec / t_dec if t_dec > 0 else 0.0,
-            finish_reason=last.finish_reason if last else "",
-            chunks=sum(res.chunks for res, _ in done), stages=stages))
+        yield ev.Done(
+            Metrics(
+                input_tokens=sum(st["input_tokens"] for st in stages),
+                cached_prompt_tokens=sum(st["cached_prompt_tokens"] for st in stages),
+                output_tokens=sum(st["output_tokens"] for st in stages),
+                ttft_s=(last.first_token_at or 0.0) if last else 0.0,
+                prefill_s=sum(st["prefill_s"] for st in stages),
+                decode_tokens_per_s=n_dec / t_dec if t_dec > 0 else 0.0,
+                finish_reason=last.finish_reason if last else "",
+                chunks=sum(res.chunks for res, _ in done),
+                stages=stages,
+            )
+        )
 
     def _budget(self, options) -> int:
         """Text tokens one pass can read: the window less the answer and the instruction. Too few
@@ -61,8 +70,10 @@ class SummarizePipeline(LLMPipeline):
         overhead = len(llm.prompt_ids(INSTRUCTION.format(how=how, text=""))) + 8
         budget = window - answer - overhead
         if budget < 32:
-            raise TaskError(f"a {answer}-token summary leaves no room in a {window}-token window; "
-                            f"lower --max-tokens or raise --context")
+            raise TaskError(
+                f"a {answer}-token summary leaves no room in a {window}-token window; "
+                f"lower --max-tokens or raise --context"
+            )
         return budget
 
     def _one(self, index, text, options, s, budget, clock, stages):
@@ -77,8 +88,14 @@ class SummarizePipeline(LLMPipeline):
             if options.stream:
                 yield ev.Token(piece, index)
         stages.append(_stage("final", 0, len(ids), out))
-        res = Summary(text=out.text.strip(), finish_reason=out.finish_reason, input_tokens=source_tokens,
-                      output_tokens=len(out.token_ids), chunks=chunks, stages=rounds + 1)
+        res = Summary(
+            text=out.text.strip(),
+            finish_reason=out.finish_reason,
+            input_tokens=source_tokens,
+            output_tokens=len(out.token_ids),
+            chunks=chunks,
+            stages=rounds + 1,
+        )
         return res, out
 
     def _map(self, text, budget, s, clock, stages):
@@ -90,8 +107,10 @@ class SummarizePipeline(LLMPipeline):
         while llm.count(text) > budget:
             round_ += 1
             if round_ > MAX_ROUNDS:
-                raise TaskError(f"the partial summaries still do not fit after {MAX_ROUNDS} rounds; "
-                                f"use a shorter --length or a model with a larger window")
+                raise TaskError(
+                    f"the partial summaries still do not fit after {MAX_ROUNDS} rounds; "
+                    f"use a shorter --length or a model with a larger window"
+                )
             pieces = split_to_fit(text, budget, llm.count)
             if round_ == 1:
                 chunks = len(pieces)
@@ -108,11 +127,17 @@ class SummarizePipeline(LLMPipeline):
 
 
 def _stage(kind: str, chunk: int, input_tokens: int, out: Decoded) -> dict:
-    return {"stage": kind, "chunk": chunk, "input_tokens": input_tokens, "output_tokens": len(out.token_ids),
-            "cached_prompt_tokens": out.cached_prompt_tokens,
-            "prefill_s": round(out.prefill_s, 4), "decode_s": round(out.decode_s, 4),
-            "decode_steps": out.decode_steps,
-            "finish_reason": out.finish_reason}
+    return {
+        "stage": kind,
+        "chunk": chunk,
+        "input_tokens": input_tokens,
+        "output_tokens": len(out.token_ids),
+        "cached_prompt_tokens": out.cached_prompt_tokens,
+        "prefill_s": round(out.prefill_s, 4),
+        "decode_s": round(out.decode_s, 4),
+        "decode_steps": out.decode_steps,
+        "finish_reason": out.finish_reason,
+    }
 
 
 def split_to_fit(text: str, budget: int, count) -> list[str]:
@@ -148,6 +173,6 @@ def _units(text: str, budget: int, count) -> list[tuple[str, int]]:
             words = sent.split()
             step = max(1, len(words) * budget // (2 * n))  # about half a budget of words at a time
             for k in range(0, len(words), step):
-                w = " ".join(words[k:k + step])
+                w = " ".join(words[k : k + step])
                 out.append((w, count(w)))
     return out

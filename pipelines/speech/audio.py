@@ -13,10 +13,10 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
@@ -78,23 +78,44 @@ class ReadStats:
         """(message, partial) pairs: one for zeroed samples, one for a file cut short."""
         out = []
         if self.nonfinite:
-            out.append((f"{path}: {self.nonfinite} samples were not numbers (NaN or infinity), the first at "
-                        f"{self.first_nonfinite_s:.2f} s; they were read as silence. The file was "
-                        f"written by a faulty program: re-export it to be sure of the transcript", False))
+            out.append(
+                (
+                    f"{path}: {self.nonfinite} samples were not numbers (NaN or infinity), the first at "
+                    f"{self.first_nonfinite_s:.2f} s; they were read as silence. The file was "
+                    f"written by a faulty program: re-export it to be sure of the transcript",
+                    False,
+                )
+            )
         if self.short:
             got = self.frames / self.samplerate if self.samplerate else 0.0
-            why = f"decoding stopped: {self.error}" if self.error else self.damage or (
-                "its last page is missing" if not self.ended else
-                f"its header declares {self.expected / self.samplerate:.1f} s")
-            tail = ("Accepted: --allow-partial was given" if allowed else
-                    "The job exits non-zero; pass --allow-partial to accept a partial transcript")
-            out.append((f"{path} is cut short or damaged ({why}); transcribed the {got:.1f} s that "
-                        f"could be decoded. {tail}", True))
+            why = (
+                f"decoding stopped: {self.error}"
+                if self.error
+                else self.damage
+                or (
+                    "its last page is missing"
+                    if not self.ended
+                    else f"its header declares {self.expected / self.samplerate:.1f} s"
+                )
+            )
+            tail = (
+                "Accepted: --allow-partial was given"
+                if allowed
+                else "The job exits non-zero; pass --allow-partial to accept a partial transcript"
+            )
+            out.append(
+                (
+                    f"{path} is cut short or damaged ({why}); transcribed the {got:.1f} s that "
+                    f"could be decoded. {tail}",
+                    True,
+                )
+            )
         return out
 
 
-def read_blocks(path: str | Path | AudioInfo, sr: int, block_s: float = BLOCK_S,
-                stats: ReadStats | None = None) -> Iterator[np.ndarray]:
+def read_blocks(
+    path: str | Path | AudioInfo, sr: int, block_s: float = BLOCK_S, stats: ReadStats | None = None
+) -> Iterator[np.ndarray]:
     """The file as float32 mono blocks at ``sr`` Hz; memory stays at one block however long it is.
     ``path`` may be the file's :class:`AudioInfo` when it was probed already.
 
@@ -111,8 +132,9 @@ def read_blocks(path: str | Path | AudioInfo, sr: int, block_s: float = BLOCK_S,
     st.samplerate, st.ended, st.damage = info.samplerate, info.ended, info.damage
     st.expected = info.expected_frames if info.decoder == "soundfile" else None  # PyAV's is an estimate
     block = max(1, int(block_s * info.samplerate))
-    resampler = None if info.samplerate == sr else soxr.ResampleStream(
-        info.samplerate, sr, 1, dtype="float32", quality="HQ")
+    resampler = (
+        None if info.samplerate == sr else soxr.ResampleStream(info.samplerate, sr, 1, dtype="float32", quality="HQ")
+    )
     try:
         for mono in _native_blocks(info, block):
             mono = _sanitised(mono, st)
@@ -126,8 +148,10 @@ def read_blocks(path: str | Path | AudioInfo, sr: int, block_s: float = BLOCK_S,
     except Exception as exc:  # a decode failure part-way through: a truncated or damaged file
         where = f" after {st.frames / info.samplerate:.1f} s" if st.frames else ""
         if stats is None or not st.frames:
-            raise TaskError(f"{path} could not be decoded{where} ({exc or type(exc).__name__}); the file "
-                            f"is corrupt or truncated: re-export it") from None
+            raise TaskError(
+                f"{path} could not be decoded{where} ({exc or type(exc).__name__}); the file "
+                f"is corrupt or truncated: re-export it"
+            ) from None
         st.error = f"{str(exc).strip() or type(exc).__name__}{where}"
     tail = resampler.resample_chunk(np.zeros(0, np.float32), last=True) if resampler else []
     if len(tail):  # the resampler's filter delay, flushed
@@ -228,8 +252,11 @@ def is_silent(x: np.ndarray, floor_db: float = -60.0) -> bool:
         return True
     frame = 320
     n = max(1, len(x) // frame)
-    rms = np.sqrt((x[: n * frame].reshape(n, -1) ** 2).mean(axis=1)) if len(x) >= frame else \
-        np.sqrt(np.array([np.mean(x ** 2)]))
+    rms = (
+        np.sqrt((x[: n * frame].reshape(n, -1) ** 2).mean(axis=1))
+        if len(x) >= frame
+        else np.sqrt(np.array([np.mean(x**2)]))
+    )
     return float(rms.max()) < 10 ** (floor_db / 20)
 
 

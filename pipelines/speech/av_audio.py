@@ -9,8 +9,8 @@ whatever the length; audio.py resamples them as it does soundfile's.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
@@ -55,7 +55,7 @@ def blocks(path: str | Path, block: int, rate: int) -> Iterator[np.ndarray]:
             pending.append(np.ascontiguousarray(x.mean(axis=0, dtype=np.float32)))
         rest = np.concatenate(pending) if pending else np.zeros(0, np.float32)
         for i in range(0, len(rest), block):
-            yield rest[i:i + block]
+            yield rest[i : i + block]
 
 
 def _frames(container, stream) -> Iterator:

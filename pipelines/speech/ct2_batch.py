@@ -93,17 +93,29 @@ class BatchDecoder:
         prompt = self.wm.get_prompt(tok, [])
         limit = len(prompt) + self.max_new_tokens if self.max_new_tokens else self.wm.max_length
         results = self.wm.model.generate(
-            encoder_output, [list(prompt) for _ in range(n)], beam_size=options.beam_size or 1,
-            max_length=min(limit, self.wm.max_length), return_scores=True, return_no_speech_prob=True,
-            suppress_blank=True, suppress_tokens=list(get_suppressed_tokens(tok, [-1])),
-            max_initial_timestamp_index=int(round(MAX_INITIAL_TIMESTAMP / TIME_PRECISION)))
+            encoder_output,
+            [list(prompt) for _ in range(n)],
+            beam_size=options.beam_size or 1,
+            max_length=min(limit, self.wm.max_length),
+            return_scores=True,
+            return_no_speech_prob=True,
+            suppress_blank=True,
+            suppress_tokens=list(get_suppressed_tokens(tok, [-1])),
+            max_initial_timestamp_index=int(round(MAX_INITIAL_TIMESTAMP / TIME_PRECISION)),
+        )
         out = []
         for r in results:
             tokens = r.sequences_ids[0]
             avg = r.scores[0] * len(tokens) / (len(tokens) + 1)
             text = tok.decode([t for t in tokens if t < tok.eot]).strip()
-            out.append({"tokens": tokens, "avg_logprob": avg, "no_speech_prob": r.no_speech_prob,
-                        "compression_ratio": get_compression_ratio(text) if text else 0.0})
+            out.append(
+                {
+                    "tokens": tokens,
+                    "avg_logprob": avg,
+                    "no_speech_prob": r.no_speech_prob,
+                    "compression_ratio": get_compression_ratio(text) if text else 0.0,
+                }
+            )
         return out
 
     @staticmethod
@@ -126,8 +138,9 @@ class BatchDecoder:
         padded = [segs or [{"start": 0.0, "end": 0.0, "tokens": [], "seek": 0}] for segs in segmented]
         self.wm.add_word_timestamps(padded, tok, encoder_output, sizes, PREPEND, APPEND, 0.0)
 
-    def decode(self, windows: list[np.ndarray], options: Any, language: str | None
-               ) -> tuple[str, list[list[Piece] | None]]:
+    def decode(
+        self, windows: list[np.ndarray], options: Any, language: str | None
+    ) -> tuple[str, list[list[Piece] | None]]:
         """(language, pieces per window); None for a window the caller must decode alone."""
         encoder_output = self.encode(windows)
         if language is None:
@@ -136,8 +149,10 @@ class BatchDecoder:
         results = self.generate(encoder_output, len(windows), tok, options)
         verdicts = [self.verdict(r) for r in results]
         sr = self.wm.feature_extractor.sampling_rate
-        segmented = [split_tokens(r["tokens"], tok.timestamp_begin, tok.eot, len(w) / sr) if v == "ok" else []
-                     for r, v, w in zip(results, verdicts, windows)]
+        segmented = [
+            split_tokens(r["tokens"], tok.timestamp_begin, tok.eot, len(w) / sr) if v == "ok" else []
+            for r, v, w in zip(results, verdicts, windows)
+        ]
         if options.word_timestamps and any(segmented):
             self.words(segmented, tok, encoder_output, windows)
         pieces: list[list[Piece] | None] = []
@@ -145,8 +160,20 @@ class BatchDecoder:
             if v == "retry":
                 pieces.append(None)
                 continue
-            pieces.append([Piece(float(s["start"]), float(s["end"]), tok.decode(s["tokens"]),
-                                 [(float(w["start"]), float(w["end"]), w["word"].strip(), float(w["probability"]))
-                                  for w in s.get("words", [])] if options.word_timestamps else None)
-                           for s in segs])
+            pieces.append(
+                [
+                    Piece(
+                        float(s["start"]),
+                        float(s["end"]),
+                        tok.decode(s["tokens"]),
+                        [
+                            (float(w["start"]), float(w["end"]), w["word"].strip(), float(w["probability"]))
+                            for w in s.get("words", [])
+                        ]
+                        if options.word_timestamps
+                        else None,
+                    )
+                    for s in segs
+                ]
+            )
         return language, pieces

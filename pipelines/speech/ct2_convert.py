@@ -15,6 +15,7 @@ import struct
 from pathlib import Path
 
 import numpy as np
+
 from taskrun.tasks.base import ModelCard, TaskError
 
 _DTYPES = {0: np.float32, 1: np.int8, 2: np.int16, 3: np.int32, 4: np.float16}
@@ -38,14 +39,16 @@ def read_ct2(path: str | Path) -> tuple[int, str, dict[str, np.ndarray], dict[st
         def s() -> str:
             nonlocal o
             n = u("H")
-            v = bytes(buf[o:o + n - 1]).decode()
+            v = bytes(buf[o : o + n - 1]).decode()
             o += n
             return v
 
         version = u("I")
         if version < 5:
-            raise TaskError(f"{path} is CTranslate2 model format {version}; taskrun reads 5 and later. "
-                            f"Re-convert the model with a current ct2-transformers-converter")
+            raise TaskError(
+                f"{path} is CTranslate2 model format {version}; taskrun reads 5 and later. "
+                f"Re-convert the model with a current ct2-transformers-converter"
+            )
         name = s()
         u("I")  # spec revision
         out: dict[str, np.ndarray] = {}
@@ -96,16 +99,25 @@ def whisper_config(variables: dict[str, np.ndarray], ct2_config: dict):
     ffn = variables["encoder/layer_0/ffn/linear_0/weight"].shape[0]
     start, eos = (50257, 50256) if english else (50258, 50257)
     return WhisperConfig(
-        vocab_size=vocab, num_mel_bins=variables["encoder/conv1/weight"].shape[1],
+        vocab_size=vocab,
+        num_mel_bins=variables["encoder/conv1/weight"].shape[1],
         d_model=variables["encoder/conv1/weight"].shape[0],
-        encoder_layers=count("encoder"), decoder_layers=count("decoder"),
-        encoder_attention_heads=heads, decoder_attention_heads=heads,
-        encoder_ffn_dim=ffn, decoder_ffn_dim=ffn,
+        encoder_layers=count("encoder"),
+        decoder_layers=count("decoder"),
+        encoder_attention_heads=heads,
+        decoder_attention_heads=heads,
+        encoder_ffn_dim=ffn,
+        decoder_ffn_dim=ffn,
         max_source_positions=variables["encoder/position_encodings/encodings"].shape[0],
         max_target_positions=variables["decoder/position_encodings/encodings"].shape[0],
-        decoder_start_token_id=start, bos_token_id=start, eos_token_id=eos, pad_token_id=eos,
+        decoder_start_token_id=start,
+        bos_token_id=start,
+        eos_token_id=eos,
+        pad_token_id=eos,
         begin_suppress_tokens=ct2_config.get("suppress_ids_begin"),
-        suppress_tokens=ct2_config.get("suppress_ids"), tie_word_embeddings=True)
+        suppress_tokens=ct2_config.get("suppress_ids"),
+        tie_word_embeddings=True,
+    )
 
 
 def state_dict(variables: dict[str, np.ndarray], aliases: dict[str, str], cfg) -> dict:
@@ -147,16 +159,19 @@ def state_dict(variables: dict[str, np.ndarray], aliases: dict[str, str], cfg) -
             ffn(h, c + "/ffn")
 
     for c in ("conv1", "conv2"):
-        sd[f"model.encoder.{c}.weight"], sd[f"model.encoder.{c}.bias"] = \
-            T(f"encoder/{c}/weight"), T(f"encoder/{c}/bias")
+        sd[f"model.encoder.{c}.weight"], sd[f"model.encoder.{c}.bias"] = (
+            T(f"encoder/{c}/weight"),
+            T(f"encoder/{c}/bias"),
+        )
     stack("encoder", cfg.encoder_layers)
     sd["model.decoder.embed_tokens.weight"] = T("decoder/embeddings/weight")
     stack("decoder", cfg.decoder_layers)
     return sd
 
 
-def save_whisper_folder(model, tokenizer_file: str | Path, dst: str | Path,
-                        alignment_heads=None, lang_ids=None) -> None:
+def save_whisper_folder(
+    model, tokenizer_file: str | Path, dst: str | Path, alignment_heads=None, lang_ids=None
+) -> None:
     """Save a WhisperForConditionalGeneration with its processor and a generation config that
     knows the timestamp, language and task tokens (what generate(return_timestamps=True) needs)."""
     from transformers import (
@@ -168,23 +183,36 @@ def save_whisper_folder(model, tokenizer_file: str | Path, dst: str | Path,
 
     cfg = model.config
     english = cfg.vocab_size == 51864
-    tok = WhisperTokenizerFast(tokenizer_file=str(tokenizer_file), unk_token="<|endoftext|>",
-                               bos_token="<|endoftext|>", eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    tok = WhisperTokenizerFast(
+        tokenizer_file=str(tokenizer_file),
+        unk_token="<|endoftext|>",
+        bos_token="<|endoftext|>",
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+    )
     proc = WhisperProcessor(feature_extractor=WhisperFeatureExtractor(feature_size=cfg.num_mel_bins), tokenizer=tok)
     no_ts = tok.convert_tokens_to_ids("<|notimestamps|>")
     gc = GenerationConfig(
-        decoder_start_token_id=cfg.decoder_start_token_id, eos_token_id=cfg.eos_token_id,
-        pad_token_id=cfg.pad_token_id, bos_token_id=cfg.bos_token_id,
-        max_length=cfg.max_target_positions, begin_suppress_tokens=cfg.begin_suppress_tokens,
-        suppress_tokens=cfg.suppress_tokens, no_timestamps_token_id=no_ts,
+        decoder_start_token_id=cfg.decoder_start_token_id,
+        eos_token_id=cfg.eos_token_id,
+        pad_token_id=cfg.pad_token_id,
+        bos_token_id=cfg.bos_token_id,
+        max_length=cfg.max_target_positions,
+        begin_suppress_tokens=cfg.begin_suppress_tokens,
+        suppress_tokens=cfg.suppress_tokens,
+        no_timestamps_token_id=no_ts,
         prev_sot_token_id=tok.convert_tokens_to_ids("<|startofprev|>"),
-        is_multilingual=not english, alignment_heads=alignment_heads,
-        forced_decoder_ids=[[1, no_ts]] if english else None)
+        is_multilingual=not english,
+        alignment_heads=alignment_heads,
+        forced_decoder_ids=[[1, no_ts]] if english else None,
+    )
     if not english:
         ids = lang_ids or range(50259, 50259 + 99)
         gc.lang_to_id = {tok.convert_ids_to_tokens(i): i for i in ids}
-        gc.task_to_id = {"transcribe": tok.convert_tokens_to_ids("<|transcribe|>"),
-                         "translate": tok.convert_tokens_to_ids("<|translate|>")}
+        gc.task_to_id = {
+            "transcribe": tok.convert_tokens_to_ids("<|transcribe|>"),
+            "translate": tok.convert_tokens_to_ids("<|translate|>"),
+        }
     model.generation_config = gc
     model.save_pretrained(dst)
     proc.save_pretrained(dst)
@@ -245,5 +273,3 @@ def converted_folder(card: ModelCard, root: Path) -> Path:
         (folder / ".complete").write_text(card.digest + "\n")  # the marker older code and tests look for
 
     return cache_entry.build_once(root / "converted" / f"whisper-{key}", card, "the CTranslate2 model", build)
-
-

@@ -33,8 +33,9 @@ def ct2_device(device: str) -> str:
         return device
     if device == "cpu":
         return device
-    raise TaskError(f"the ctranslate2 runtime runs on cpu or cuda, not {device}; use --runtime transformers "
-                    f"for other devices")
+    raise TaskError(
+        f"the ctranslate2 runtime runs on cpu or cuda, not {device}; use --runtime transformers for other devices"
+    )
 
 
 def compute_type(dtype: str, device: str, settings: dict) -> str:
@@ -75,8 +76,9 @@ class CT2WhisperEngine(SpeechEngine):
 
     def __init__(self, card, device="auto", dtype="auto", threads: int | None = None):
         if not (Path(card.path) / "model.bin").exists():
-            raise TaskError(f"`{card.name}` is not a CTranslate2 folder (no model.bin); "
-                            f"run it with --runtime transformers")
+            raise TaskError(
+                f"`{card.name}` is not a CTranslate2 folder (no model.bin); run it with --runtime transformers"
+            )
         self.card = card
         self.threads = threads  # None: every core (cpu_threads)
         self.device = ct2_device(device)
@@ -94,12 +96,19 @@ class CT2WhisperEngine(SpeechEngine):
 
         dev, _, index = self.device.partition(":")
         try:
-            return WhisperModel(self.card.path, device=dev, device_index=int(index or 0),
-                                compute_type=self.dtype, cpu_threads=(self.threads or cpu_threads()) if dev == "cpu" else 0,
-                                local_files_only=True)
+            return WhisperModel(
+                self.card.path,
+                device=dev,
+                device_index=int(index or 0),
+                compute_type=self.dtype,
+                cpu_threads=(self.threads or cpu_threads()) if dev == "cpu" else 0,
+                local_files_only=True,
+            )
         except (RuntimeError, ValueError) as exc:
-            raise TaskError(f"CTranslate2 could not load {self.card.path} ({exc}); the folder is "
-                            f"incomplete or from another CTranslate2 version") from None
+            raise TaskError(
+                f"CTranslate2 could not load {self.card.path} ({exc}); the folder is "
+                f"incomplete or from another CTranslate2 version"
+            ) from None
 
     @property
     def multilingual(self) -> bool:
@@ -114,15 +123,21 @@ class CT2WhisperEngine(SpeechEngine):
         ctranslate2.set_random_seed(0)  # a temperature fallback samples: the same audio gives the same text
         language = state.language or (None if self.multilingual else "en")
         segments, info = self.model.transcribe(
-            samples, language=language, task=options.task, beam_size=options.beam_size or 1,
+            samples,
+            language=language,
+            task=options.task,
+            beam_size=options.beam_size or 1,
             vad_filter=False,  # taskrun's own VAD already trimmed this window
-            word_timestamps=options.word_timestamps, without_timestamps=False,
-            condition_on_previous_text=True, max_new_tokens=self.max_new_tokens,
+            word_timestamps=options.word_timestamps,
+            without_timestamps=False,
+            condition_on_previous_text=True,
+            max_new_tokens=self.max_new_tokens,
             # each inner window's length; given every call, since faster-whisper keeps the last one
             chunk_length=max(1, int(options.chunk_s)),
             # The previous window's words, so that each window continues the file's text the way
             # faster-whisper's own loop conditions on what it decoded before.
-            initial_prompt=state.previous.strip() or None)
+            initial_prompt=state.previous.strip() or None,
+        )
         if state.language is None:  # detected once per file, then kept for every window
             state.language = info.language
         for s in segments:
@@ -139,7 +154,7 @@ class CT2WhisperEngine(SpeechEngine):
         if self._batch is None:
             self._batch = BatchDecoder(self.model, self.max_new_tokens)
         first = [list(self.decode(windows[0], options, state))] if state.previous.strip() else []
-        windows = windows[len(first):]
+        windows = windows[len(first) :]
         if not windows:
             return first
         language = state.language or (None if self.multilingual else "en")

@@ -17,8 +17,9 @@ A subclass sets ``runtime`` as a class attribute and its facts in ``__init__``, 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -82,7 +83,9 @@ class SpeechEngine(ABC):
 
     def check_options(self, options: Any) -> None:
         """Raise TaskError for options this runtime cannot honour (before any audio is read).
-        The language and translate checks every engine shares are the pipeline's, not this."""
+        The language and translate checks every engine shares are the pipeline's, not this. By
+        default an engine honours every option."""
+        return None
 
     # The most windows ``decode_batch`` takes at once (--batch-size is capped to it): 1 = the
     # engine decodes one window at a time, whatever --batch-size says
@@ -103,8 +106,14 @@ class SpeechEngine(ABC):
             out.append(list(self.decode(w, options, state)))
         return out
 
-    def _tail(self, samples: np.ndarray, pieces: list[Piece], options: Any, state: FileState,
-              decode: Callable[[np.ndarray, Any, FileState], Iterable[Piece]] | None = None) -> list[Piece]:
+    def _tail(
+        self,
+        samples: np.ndarray,
+        pieces: list[Piece],
+        options: Any,
+        state: FileState,
+        decode: Callable[[np.ndarray, Any, FileState], Iterable[Piece]] | None = None,
+    ) -> list[Piece]:
         """The speech after the last timestamp of a window decoded in one pass, decoded on until
         none is left (``decode``: one pass over samples, by default ``self.decode``). Whisper
         often stops before the last words of a full 30 s window, which the sequential decoder
@@ -122,10 +131,16 @@ class SpeechEngine(ABC):
                 break
             text = (text + " " + " ".join(p.text.strip() for p in pieces))[-PROMPT_CHARS:]
             offset += done
-            pieces = list(decode(samples[int(offset * self.sample_rate):], options, FileState(state.language, text)))
-            out += [Piece(offset + p.start, None if p.end is None else offset + p.end, p.text,
-                          None if p.words is None else [(offset + a, offset + b, w, pr) for a, b, w, pr in p.words])
-                    for p in pieces]
+            pieces = list(decode(samples[int(offset * self.sample_rate) :], options, FileState(state.language, text)))
+            out += [
+                Piece(
+                    offset + p.start,
+                    None if p.end is None else offset + p.end,
+                    p.text,
+                    None if p.words is None else [(offset + a, offset + b, w, pr) for a, b, w, pr in p.words],
+                )
+                for p in pieces
+            ]
         return out
 
     @abstractmethod

@@ -22,23 +22,26 @@ TIME_PRECISION = 0.02  # seconds per Whisper timestamp token
 # Whisper's guards against repetition loops and invented text, as openai/whisper and faster-whisper
 # use them (the compression ratio here is over token ids, hence 1.35 rather than 2.4): a window
 # whose output is too repetitive or too unlikely is decoded again at a higher temperature.
-FALLBACK = {"temperature": (0.0, 0.2, 0.4, 0.6, 0.8, 1.0), "compression_ratio_threshold": 1.35,
-            "logprob_threshold": -1.0, "no_speech_threshold": 0.6}
+FALLBACK = {
+    "temperature": (0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
+    "compression_ratio_threshold": 1.35,
+    "logprob_threshold": -1.0,
+    "no_speech_threshold": 0.6,
+}
 CTC_GAP_S = 0.8  # a pause this long starts a new CTC segment
 CTC_MAX_WORDS = 16
 
 
 def model_folder(card) -> Path:
     if card.architecture == "WhisperCT2":
-        from taskrun.pipelines.speech.ct2_convert import converted_folder
         from taskrun.models.resolve import cache_dir
+        from taskrun.pipelines.speech.ct2_convert import converted_folder
 
         return converted_folder(card, cache_dir())
     return Path(card.path)
 
 
-def whisper_segments(ids: list[int], ts_begin: int, eot: int, decode, times: list[float] | None = None
-                     ) -> list[Piece]:
+def whisper_segments(ids: list[int], ts_begin: int, eot: int, decode, times: list[float] | None = None) -> list[Piece]:
     """Whisper output tokens → pieces. Timestamps come in pairs around each segment's text
     (<|0.00|> text <|2.40|><|2.40|> text ...); a last segment without a closing timestamp
     runs to the end of the audio (end None). With ``times`` (each token's time, from
@@ -49,8 +52,14 @@ def whisper_segments(ids: list[int], ts_begin: int, eot: int, decode, times: lis
             time = (t - ts_begin) * TIME_PRECISION
             if text:
                 begin = last if start is None else start
-                pieces.append(Piece(begin, time, decode([ids[i] for i in text]),
-                                    token_words(text, ids, times, decode, begin, time) if times else None))
+                pieces.append(
+                    Piece(
+                        begin,
+                        time,
+                        decode([ids[i] for i in text]),
+                        token_words(text, ids, times, decode, begin, time) if times else None,
+                    )
+                )
                 text, start, last = [], None, time
             else:
                 start = time
@@ -58,13 +67,20 @@ def whisper_segments(ids: list[int], ts_begin: int, eot: int, decode, times: lis
             text.append(k)
     if text:
         begin = last if start is None else start
-        pieces.append(Piece(begin, None, decode([ids[i] for i in text]),
-                            token_words(text, ids, times, decode, begin, None) if times else None))
+        pieces.append(
+            Piece(
+                begin,
+                None,
+                decode([ids[i] for i in text]),
+                token_words(text, ids, times, decode, begin, None) if times else None,
+            )
+        )
     return pieces
 
 
-def token_words(index: list[int], ids: list[int], times: list[float], decode, seg_start: float,
-                seg_end: float | None) -> list[tuple[float, float, str, None]]:
+def token_words(
+    index: list[int], ids: list[int], times: list[float], decode, seg_start: float, seg_end: float | None
+) -> list[tuple[float, float, str, None]]:
     """A segment's tokens (positions ``index`` in ``ids``) grouped into words, a word starting at a
     token that begins with a space. transformers times each token by where the cross-attention
     alignment leaves it (measured against faster-whisper's word times: ``times[k]`` is token k's
@@ -94,17 +110,23 @@ def ctc_segments(words: list[dict], seconds_per_frame: float) -> list[Piece]:
     """CTC word offsets (frames) → pieces split at pauses, so subtitles stay readable."""
     pieces, cur = [], []
     for w in words:
-        if cur and ((w["start_offset"] - cur[-1]["end_offset"]) * seconds_per_frame > CTC_GAP_S
-                    or len(cur) >= CTC_MAX_WORDS):
+        if cur and (
+            (w["start_offset"] - cur[-1]["end_offset"]) * seconds_per_frame > CTC_GAP_S or len(cur) >= CTC_MAX_WORDS
+        ):
             pieces.append(cur)
             cur = []
         cur.append(w)
     if cur:
         pieces.append(cur)
-    return [Piece(p[0]["start_offset"] * seconds_per_frame, p[-1]["end_offset"] * seconds_per_frame,
-                  " ".join(w["word"] for w in p),
-                  [(w["start_offset"] * seconds_per_frame, w["end_offset"] * seconds_per_frame, w["word"], None)
-                   for w in p]) for p in pieces]
+    return [
+        Piece(
+            p[0]["start_offset"] * seconds_per_frame,
+            p[-1]["end_offset"] * seconds_per_frame,
+            " ".join(w["word"] for w in p),
+            [(w["start_offset"] * seconds_per_frame, w["end_offset"] * seconds_per_frame, w["word"], None) for w in p],
+        )
+        for p in pieces
+    ]
 
 
 def cache_suppression(model) -> None:
@@ -114,8 +136,10 @@ def cache_suppression(model) -> None:
     of an 11.3 s transcript of 183 s). The processors keep their class's behaviour and order;
     their mask is kept after the first step. A transformers without the hook runs as it is."""
     import torch
-    from transformers.generation.logits_process import (SuppressTokensAtBeginLogitsProcessor,
-                                                        SuppressTokensLogitsProcessor)
+    from transformers.generation.logits_process import (
+        SuppressTokensAtBeginLogitsProcessor,
+        SuppressTokensLogitsProcessor,
+    )
 
     def masked(base):
         at_begin = base is SuppressTokensAtBeginLogitsProcessor
@@ -130,6 +154,7 @@ def cache_suppression(model) -> None:
                 if at_begin and input_ids.shape[-1] != self.begin_index:
                     return scores
                 return scores.masked_fill(self._mask, -float("inf"))
+
         return Cached
 
     swaps = {base: masked(base) for base in (SuppressTokensLogitsProcessor, SuppressTokensAtBeginLogitsProcessor)}
@@ -143,6 +168,7 @@ def cache_suppression(model) -> None:
             if type(p) in swaps:
                 p.__class__ = swaps[type(p)]
         return procs
+
     model._retrieve_logit_processors = cached
 
 
@@ -160,13 +186,17 @@ class HFSpeechEngine(SpeechEngine):
         try:
             cfg = json.loads((self.folder / "config.json").read_text())
         except (OSError, json.JSONDecodeError) as exc:
-            raise TaskError(f"{self.folder} has no readable config.json ({exc}); point --model at a "
-                            f"transformers speech model folder") from None
+            raise TaskError(
+                f"{self.folder} has no readable config.json ({exc}); point --model at a "
+                f"transformers speech model folder"
+            ) from None
         arch = (cfg.get("architectures") or [""])[0]
         self.ctc = arch.endswith("ForCTC")
         if not self.ctc and cfg.get("model_type") != "whisper":
-            raise TaskError(f"`{card.name}` is a {arch or cfg.get('model_type')} model; the transformers "
-                            f"runtime transcribes with Whisper or *ForCTC models")
+            raise TaskError(
+                f"`{card.name}` is a {arch or cfg.get('model_type')} model; the transformers "
+                f"runtime transcribes with Whisper or *ForCTC models"
+            )
         self.takes_language = not self.ctc  # a CTC model is given audio only: no language, no task
         self.model, self.processor = self._load()
         self.sample_rate = int(self.processor.feature_extractor.sampling_rate)
@@ -187,11 +217,16 @@ class HFSpeechEngine(SpeechEngine):
         return not self.ctc and bool(getattr(self.model.generation_config, "is_multilingual", False))
 
     def check_options(self, options) -> None:
-        if options.word_timestamps and not self.ctc and not getattr(self.model.generation_config,
-                                                                     "alignment_heads", None):
-            raise TaskError(f"`{self.card.name}` names no alignment heads in its generation_config.json, "
-                            f"which word timestamps need on transformers; drop --word-timestamps (and "
-                            f"--highlight-words), or use --runtime ctranslate2")
+        if (
+            options.word_timestamps
+            and not self.ctc
+            and not getattr(self.model.generation_config, "alignment_heads", None)
+        ):
+            raise TaskError(
+                f"`{self.card.name}` names no alignment heads in its generation_config.json, "
+                f"which word timestamps need on transformers; drop --word-timestamps (and "
+                f"--highlight-words), or use --runtime ctranslate2"
+            )
         if self.ctc and options.task == "translate":
             raise TaskError(f"`{self.card.name}` is a CTC model and cannot translate; use a multilingual Whisper")
 
@@ -206,8 +241,10 @@ class HFSpeechEngine(SpeechEngine):
     def _seek(self, pieces, samples, options, state: FileState) -> list[Piece]:
         """A window's pieces and those of the speech after its last timestamp (``_tail``), one
         generate call per pass."""
+
         def once(x, o, s):
             return self._whisper([x], o, s, s.previous)[0]
+
         return pieces + self._tail(samples, pieces, options, state, decode=once)
 
     def decode_batch(self, windows, options, state: FileState):
@@ -220,7 +257,7 @@ class HFSpeechEngine(SpeechEngine):
         if self.ctc:
             return super().decode_batch(windows, options, state)
         first = [self.decode(windows[0], options, state)] if state.previous.strip() else []
-        rest = windows[len(first):]
+        rest = windows[len(first) :]
         if not rest:
             return first
         batch = self._whisper(rest, options, state, "")
@@ -242,8 +279,7 @@ class HFSpeechEngine(SpeechEngine):
                 state.language = self.processor.tokenizer.convert_ids_to_tokens(lang_id).strip("<|>")
             kwargs = {"language": state.language, "task": options.task}
         if prompt.strip():  # continue the file's text, as the ctranslate2 runtime does
-            kwargs["prompt_ids"] = self.processor.get_prompt_ids(prompt.strip(), return_tensors="pt") \
-                .to(self.device)
+            kwargs["prompt_ids"] = self.processor.get_prompt_ids(prompt.strip(), return_tensors="pt").to(self.device)
         if options.word_timestamps:  # token times from the cross-attention alignment heads
             kwargs.update(return_token_timestamps=True, return_dict_in_generate=True)
         torch.manual_seed(0)  # a temperature fallback samples: the same audio gives the same text
@@ -251,16 +287,29 @@ class HFSpeechEngine(SpeechEngine):
             # One generate call per window: transformers would otherwise seek on from a window's
             # last timestamp through the padding to 30 s (an encoder pass and a decode each,
             # ~0.4 s for tiny.en on 2 cores); _tail decodes the speech left there instead.
-            out = self.model.generate(feats, return_timestamps=True, num_beams=options.beam_size or 1,
-                                      force_unique_generate_call=True, **FALLBACK, **kwargs)
+            out = self.model.generate(
+                feats,
+                return_timestamps=True,
+                num_beams=options.beam_size or 1,
+                force_unique_generate_call=True,
+                **FALLBACK,
+                **kwargs,
+            )
         tok = self.processor.tokenizer
         rows = out.tolist() if hasattr(out, "tolist") else out["sequences"].tolist()
         times = out["token_timestamps"].tolist() if options.word_timestamps else [None] * len(rows)
         sot = gc.decoder_start_token_id  # a prompted row starts with the prompt: keep what follows it
         cut = [ids.index(sot) + 1 if sot in ids else 0 for ids in rows]
-        return [whisper_segments(ids[k:], gc.no_timestamps_token_id + 1, gc.eos_token_id,
-                                 lambda t: tok.decode(t, skip_special_tokens=True), ts and ts[k:])
-                for ids, ts, k in zip(rows, times, cut)]
+        return [
+            whisper_segments(
+                ids[k:],
+                gc.no_timestamps_token_id + 1,
+                gc.eos_token_id,
+                lambda t: tok.decode(t, skip_special_tokens=True),
+                ts and ts[k:],
+            )
+            for ids, ts, k in zip(rows, times, cut)
+        ]
 
     def _ctc(self, samples) -> list[Piece]:
         import torch

@@ -24,8 +24,9 @@ A batch is decided by its first file.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -48,10 +49,28 @@ DETECTOR_DTYPE = "int8"  # loads and runs faster than float32 and needs a quarte
 LOOK_S = 60.0  # how far into the file to look for that much speech
 MIN_PROB = 0.5  # below this the detector is not sure: keep the model asked for
 ENGLISH_ONLY_VOCAB = 51864  # openai/whisper: is_multilingual = n_vocab >= 51865
-NAMES = {"de": "German", "fr": "French", "es": "Spanish", "it": "Italian", "pt": "Portuguese",
-         "nl": "Dutch", "pl": "Polish", "ru": "Russian", "uk": "Ukrainian", "tr": "Turkish",
-         "ar": "Arabic", "zh": "Chinese", "ja": "Japanese", "ko": "Korean", "hi": "Hindi",
-         "sv": "Swedish", "da": "Danish", "no": "Norwegian", "fi": "Finnish", "cs": "Czech"}
+NAMES = {
+    "de": "German",
+    "fr": "French",
+    "es": "Spanish",
+    "it": "Italian",
+    "pt": "Portuguese",
+    "nl": "Dutch",
+    "pl": "Polish",
+    "ru": "Russian",
+    "uk": "Ukrainian",
+    "tr": "Turkish",
+    "ar": "Arabic",
+    "zh": "Chinese",
+    "ja": "Japanese",
+    "ko": "Korean",
+    "hi": "Hindi",
+    "sv": "Swedish",
+    "da": "Danish",
+    "no": "Norwegian",
+    "fi": "Finnish",
+    "cs": "Czech",
+}
 
 
 def english_only(card: ModelCard) -> bool:
@@ -77,8 +96,18 @@ def multilingual_alias() -> str | None:
         return None
 
 
-def advise(card: ModelCard, inputs: list[Input], options: Any, *, chosen: bool, device: str,
-           offline: bool, runtime: str | None = None, dtype: str = "auto", **_) -> tuple[ModelCard, list[str]]:
+def advise(
+    card: ModelCard,
+    inputs: list[Input],
+    options: Any,
+    *,
+    chosen: bool,
+    device: str,
+    offline: bool,
+    runtime: str | None = None,
+    dtype: str = "auto",
+    **_,
+) -> tuple[ModelCard, list[str]]:
     """(the card to run, notices) for a transcribe job about to load ``card``; ``chosen`` is True
     when the user named the model."""
     if options.language == "en" or not english_only(card):
@@ -97,10 +126,17 @@ def advise(card: ModelCard, inputs: list[Input], options: Any, *, chosen: bool, 
     path, lang, prob = heard
     said = f"{path} sounds like {NAMES.get(lang, lang)} ({lang}, p={prob:.2f})"
     if chosen:
-        return card, [f"{said}, but `{card.name}` is English-only: its transcript will not be that "
-                      f"language; use --model {alias} (or --language en to skip this check)"]
-    return _switch(card, alias, offline, f"{said}; `{card.name}` is English-only, so this job runs on "
-                                         f"{alias} (--model picks one, --language en skips this check)")
+        return card, [
+            f"{said}, but `{card.name}` is English-only: its transcript will not be that "
+            f"language; use --model {alias} (or --language en to skip this check)"
+        ]
+    return _switch(
+        card,
+        alias,
+        offline,
+        f"{said}; `{card.name}` is English-only, so this job runs on "
+        f"{alias} (--model picks one, --language en skips this check)",
+    )
 
 
 def _switch(card: ModelCard, alias: str, offline: bool, note: str) -> tuple[ModelCard, list[str]]:
@@ -110,8 +146,9 @@ def _switch(card: ModelCard, alias: str, offline: bool, note: str) -> tuple[Mode
         return card, []
 
 
-def detect(inputs: list[Input], alias: str, device: str, offline: bool,
-           meanwhile: Callable[[], Any] | None = None) -> tuple[str, str, float] | None:
+def detect(
+    inputs: list[Input], alias: str, device: str, offline: bool, meanwhile: Callable[[], Any] | None = None
+) -> tuple[str, str, float] | None:
     """(file, language code, probability) of the first speech of the first readable file, when
     it is not English and the detector is sure; None otherwise (or when it cannot run).
 
@@ -150,7 +187,7 @@ def _warm(card: ModelCard, runtime: str | None, device: str, dtype: str) -> None
 
     try:
         load_pipeline("transcribe", card, runtime or card.runtime, device, dtype)
-    except Exception:  # noqa: BLE001 - the runner's load reports it, with its own message
+    except Exception:
         pass
 
 
@@ -173,8 +210,14 @@ def _detector(alias: str, device: str, offline: bool):
         # faster), 1.66-1.70 s with --language en; a language=en job after one two-thread
         # detection 2.25-2.31 s, the same as passive waits (2.41 s). Its own cache role, so it
         # never stands in for a transcribing engine.
-        return cached_model(card, CT2WhisperEngine.runtime, dev, DETECTOR_DTYPE, "language-detector",
-                            lambda: CT2WhisperEngine(card, dev, DETECTOR_DTYPE, threads=1))
+        return cached_model(
+            card,
+            CT2WhisperEngine.runtime,
+            dev,
+            DETECTOR_DTYPE,
+            "language-detector",
+            lambda: CT2WhisperEngine(card, dev, DETECTOR_DTYPE, threads=1),
+        )
     except (TaskError, ImportError):
         return None
 

@@ -9,8 +9,9 @@ options, so both runtimes see the same chunks and report the same metrics.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -30,8 +31,9 @@ SEAM_S = 8.0  # a chunk's cut is chosen in its last SEAM_S seconds, where a paus
 GAP_S = 10.0
 
 
-def place(pieces: list[Piece] | Iterator[Piece], offset_s: float, end_s: float, floor_s: float,
-          timeline=None) -> Iterator[Segment]:
+def place(
+    pieces: list[Piece] | Iterator[Piece], offset_s: float, end_s: float, floor_s: float, timeline=None
+) -> Iterator[Segment]:
     """Pieces from a chunk starting at ``offset_s`` (or mapped by ``timeline(t, is_end)`` when the
     decoded audio was packed from several places) → file-time segments, kept inside
     [floor_s, end_s] and in order: Whisper's timestamps can run past the audio it was given."""
@@ -80,7 +82,7 @@ def _item_error(i: int, inp: Input, exc: TaskError) -> ev.ItemError:
     (the job's error when it is the only input, else the rest go on)."""
     msg, path = str(exc), inp.path or ""
     if path and msg.startswith(path):  # ItemError.describe() names the file once
-        msg = msg[len(path):].lstrip(" :")
+        msg = msg[len(path) :].lstrip(" :")
     return ev.ItemError(i, inp.source, msg)
 
 
@@ -109,14 +111,20 @@ class TranscribePipeline(EnginePipeline):
             return
         if not engine.multilingual:
             if options.language not in (None, "en"):
-                raise TaskError(f"`{name}` is English-only; for --language {options.language} "
-                                f"use a multilingual model such as whisper-base")
+                raise TaskError(
+                    f"`{name}` is English-only; for --language {options.language} "
+                    f"use a multilingual model such as whisper-base"
+                )
             if options.task == "translate":
-                raise TaskError(f"`{name}` is English-only and cannot translate; use a "
-                                f"multilingual model such as whisper-base with --task translate")
+                raise TaskError(
+                    f"`{name}` is English-only and cannot translate; use a "
+                    f"multilingual model such as whisper-base with --task translate"
+                )
         elif options.language and options.language not in engine.languages():
-            raise TaskError(f"`{name}` does not know language '{options.language}'; it knows "
-                            f"{', '.join(engine.languages()[:12])}, ...")
+            raise TaskError(
+                f"`{name}` does not know language '{options.language}'; it knows "
+                f"{', '.join(engine.languages()[:12])}, ..."
+            )
 
     def run(self, inputs: list[Input], options: Any, clock: Clock) -> Iterator[Any]:
         self.check_options(options)
@@ -125,9 +133,16 @@ class TranscribePipeline(EnginePipeline):
         yield from timed(self._events(inputs, options, tally), lambda s: clock.add("transcribe", s))
         proc, a = clock.total("transcribe"), tally.audio_s
         speech = tally.speech_s if options.vad else None
-        yield ev.Done(Metrics(audio_s=round(a, 3), rtf=proc / a if a else 0.0, chunks=tally.chunks,
-                              words=tally.words, speech_s=None if speech is None else round(speech, 3),
-                              rtf_speech=proc / speech if speech else None))
+        yield ev.Done(
+            Metrics(
+                audio_s=round(a, 3),
+                rtf=proc / a if a else 0.0,
+                chunks=tally.chunks,
+                words=tally.words,
+                speech_s=None if speech is None else round(speech, 3),
+                rtf_speech=proc / speech if speech else None,
+            )
+        )
 
     def _events(self, inputs: list[Input], options: Any, tally: _Tally) -> Iterator[Any]:
         infos: dict[int, audio.AudioInfo] = {}
@@ -149,16 +164,18 @@ class TranscribePipeline(EnginePipeline):
         file_s = 0.0
         read = audio.ReadStats()  # what the file lacked (cut short) or held that was not audio (NaN)
         try:
-            chunks = audio.chunked(audio.read_blocks(info, sr, stats=read), sr, options.chunk_s,
-                                   min(SEAM_S, options.chunk_s / 3))
+            chunks = audio.chunked(
+                audio.read_blocks(info, sr, stats=read), sr, options.chunk_s, min(SEAM_S, options.chunk_s / 3)
+            )
             batch: list[Window] = []
             first = tally.chunks + 1  # the number of this file's first window in the job
             size = max(1, min(options.batch_size, self.engine.batch_windows))
             for item in self._windows(chunks, options, tally):
                 if isinstance(item, audio.Chunk):  # read so far: progress over the file
                     file_s = item.end_s
-                    yield ev.Progress(round(min(tally.done_s + file_s, tally.total_s), 2),
-                                      round(tally.total_s, 2), "s", "audio")
+                    yield ev.Progress(
+                        round(min(tally.done_s + file_s, tally.total_s), 2), round(tally.total_s, 2), "s", "audio"
+                    )
                     continue
                 tally.chunks += 1
                 batch.append(item)
@@ -177,14 +194,19 @@ class TranscribePipeline(EnginePipeline):
             yield ev.Notice(message, partial=partial)
         tally.done_s += info.duration_s
         tally.audio_s += file_s
-        result = Transcript(source=inp.source, text=join_text(segments),
-                            language=state.language or self.engine.default_language,
-                            audio_s=round(file_s, 3), segments=segments)
+        result = Transcript(
+            source=inp.source,
+            text=join_text(segments),
+            language=state.language or self.engine.default_language,
+            audio_s=round(file_s, 3),
+            segments=segments,
+        )
         tally.words += len(result.text.split())
         yield ev.Item(i, inp.source, result)
 
-    def _decode(self, windows: list[Window], options: Any, state: FileState, segments: list[Segment]
-                ) -> Iterator[Segment]:
+    def _decode(
+        self, windows: list[Window], options: Any, state: FileState, segments: list[Segment]
+    ) -> Iterator[Segment]:
         """Windows through the engine (one alone, or several with the engine's decode_batch), their
         pieces placed on the file's timeline after the segments so far (appended to
         ``segments``, and to the prompt for the window after them)."""
@@ -222,8 +244,7 @@ class TranscribePipeline(EnginePipeline):
                 if use_vad:
                     tally.speech_s += sum(b - a for a, b in spans) / sr
                 for a, b in spans:
-                    if pack.length and (pack.length + (b - a) > limit or
-                                        chunk.start + a - pack.file_end > GAP_S * sr):
+                    if pack.length and (pack.length + (b - a) > limit or chunk.start + a - pack.file_end > GAP_S * sr):
                         yield pack
                         pack = Window(sr)
                     pack.add(x[a:b].copy(), chunk.start + a)  # a copy: a view would keep the whole chunk

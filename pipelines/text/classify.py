@@ -16,8 +16,8 @@ from taskrun.pipelines.base import Pipeline as Base
 from taskrun.pipelines.device import auto_dtype, resolve_dtype
 from taskrun.pipelines.text.encoder import auto_runtime, encode
 from taskrun.tasks import events as ev
-from taskrun.tasks.clock import timed
 from taskrun.tasks.classify import Label, Metrics, Result
+from taskrun.tasks.clock import timed
 
 # Cosine similarities of sentence embeddings sit in a narrow band; a temperature spreads them
 # into usable probabilities without changing the order.
@@ -30,7 +30,7 @@ class ClassifyPipeline(Base):
 
     def __init__(self, card, device="auto", dtype="auto", *, engine):
         if card.kind == "sentence-embedding":  # the engine resolves its own device (on ONNX
-            self.card = card                   # Runtime without importing torch)
+            self.card = card  # Runtime without importing torch)
             self.impl = _ZeroShot(engine.load(card, device, dtype))
             self.runtime = self.impl.encoder.runtime
             self.device, self.dtype = self.impl.device, self.impl.dtype
@@ -56,8 +56,7 @@ class ClassifyPipeline(Base):
             yield event
         elapsed = clock.total("classify")  # the classifier's own time, not the consumer's at a yield
         n = max(n_ok, 1)
-        yield ev.Done(Metrics(items=n_ok, items_per_s=n_ok / elapsed if elapsed > 0 else 0.0,
-                              latency_s=elapsed / n))
+        yield ev.Done(Metrics(items=n_ok, items_per_s=n_ok / elapsed if elapsed > 0 else 0.0, latency_s=elapsed / n))
 
 
 class OrtClassifyPipeline(ClassifyPipeline):
@@ -87,8 +86,11 @@ class _ZeroShot:
         probs = _softmax(sims * ZERO_SHOT_SCALE)
         for i, inp in enumerate(inputs):
             order = np.argsort(-probs[i])
-            yield ev.Item(i, inp.source, Result(input=inp.text, zero_shot=True,
-                                                labels=[Label(labels[j], float(probs[i, j])) for j in order]))
+            yield ev.Item(
+                i,
+                inp.source,
+                Result(input=inp.text, zero_shot=True, labels=[Label(labels[j], float(probs[i, j])) for j in order]),
+            )
 
 
 class _SequenceClassifier:
@@ -97,11 +99,19 @@ class _SequenceClassifier:
 
         self.device = device
         self.torch_dtype, self.dtype = resolve_dtype(dtype, device, auto_dtype(device, prefer_bf16=False))
-        self.tokenizer = cached_model(card, "transformers", device, self.dtype, "tokenizer",
-                                      lambda: AutoTokenizer.from_pretrained(card.path))
-        self.model = cached_model(card, "transformers", device, self.dtype, "seq-cls",
-                                  lambda: AutoModelForSequenceClassification.from_pretrained(
-                                      card.path, dtype=self.torch_dtype).to(device).eval())
+        self.tokenizer = cached_model(
+            card, "transformers", device, self.dtype, "tokenizer", lambda: AutoTokenizer.from_pretrained(card.path)
+        )
+        self.model = cached_model(
+            card,
+            "transformers",
+            device,
+            self.dtype,
+            "seq-cls",
+            lambda: (
+                AutoModelForSequenceClassification.from_pretrained(card.path, dtype=self.torch_dtype).to(device).eval()
+            ),
+        )
 
     def run(self, inputs, options):
         import torch
@@ -109,15 +119,18 @@ class _SequenceClassifier:
         id2label = self.model.config.id2label
         multi = getattr(self.model.config, "problem_type", None) == "multi_label_classification"
         for start in range(0, len(inputs), options.batch_size):
-            chunk = inputs[start:start + options.batch_size]
+            chunk = inputs[start : start + options.batch_size]
             enc = self.tokenizer([c.text for c in chunk], padding=True, truncation=True, return_tensors="pt")
             logits = self.model(**{k: v.to(self.device) for k, v in enc.items()}).logits.float()
             probs = torch.sigmoid(logits) if multi else torch.softmax(logits, -1)
             for j, inp in enumerate(chunk):
                 p = probs[j].cpu().numpy()
                 order = np.argsort(-p)
-                yield ev.Item(start + j, inp.source, Result(
-                    input=inp.text, labels=[Label(id2label.get(int(k), str(k)), float(p[k])) for k in order]))
+                yield ev.Item(
+                    start + j,
+                    inp.source,
+                    Result(input=inp.text, labels=[Label(id2label.get(int(k), str(k)), float(p[k])) for k in order]),
+                )
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:

@@ -19,8 +19,16 @@ class EmbedPipeline(EncoderPipeline):
                 yield ev.Progress(done, len(texts), "texts")
         elapsed = clock.total("encode")  # the encoder's own time, not the consumer's at a yield
         for i, inp in enumerate(inputs):
-            yield ev.Item(i, inp.source, Embedding(text=inp.text, vector=enc.vectors[i], tokens=enc.tokens[i],
-                                                   truncated=enc.truncated[i]))
-        yield ev.Done(Metrics(items=len(texts), input_tokens=sum(enc.tokens),
-                              items_per_s=len(texts) / elapsed if elapsed > 0 else 0.0,
-                              dim=int(enc.vectors.shape[1])))
+            yield ev.Item(
+                i,
+                inp.source,
+                Embedding(text=inp.text, vector=enc.vectors[i], tokens=enc.tokens[i], truncated=enc.truncated[i]),
+            )
+        yield ev.Done(
+            Metrics(
+                items=len(texts),
+                input_tokens=sum(enc.tokens),
+                items_per_s=len(texts) / elapsed if elapsed > 0 else 0.0,
+                dim=int(enc.vectors.shape[1]),
+            )
+        )

@@ -13,8 +13,9 @@ import importlib.util
 import os
 import re
 import sys
+from collections.abc import Iterator
 from dataclasses import replace
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -32,8 +33,9 @@ class Encoding:
     pipeline can report progress and time the work with ``timed``; ``encode()`` runs it to the end.
     """
 
-    def __init__(self, engine: TextEncoderEngine, texts: list[str], batch_size: int = 64,
-                 normalize: bool = True) -> None:
+    def __init__(
+        self, engine: TextEncoderEngine, texts: list[str], batch_size: int = 64, normalize: bool = True
+    ) -> None:
         self.engine, self.texts, self.batch_size, self.normalize = engine, texts, batch_size, normalize
         self.vectors = np.zeros((len(texts), engine.dim), dtype=np.float32)
         self.tokens: list[int] = []
@@ -70,7 +72,7 @@ def batches(order: list[int], tokens: list[int], batch_size: int, batch_tokens: 
         n = batch_size
         if batch_tokens:
             n = max(1, min(n, batch_tokens // max(1, tokens[order[start]])))
-        yield order[start:start + n]
+        yield order[start : start + n]
         start += n
 
 
@@ -104,8 +106,12 @@ def auto_runtime(task: str, card: ModelCard, runtime: str | None, device: str, d
     from taskrun.pipelines import RUNTIMES
 
     row = RUNTIMES.get((task, "onnxruntime"))  # classify's may be the image runtime's, not this one
-    if card.kind != "sentence-embedding" or card.format not in ("safetensors", "bin") or \
-            row is None or row.engine != ORT_ENGINE:
+    if (
+        card.kind != "sentence-embedding"
+        or card.format not in ("safetensors", "bin")
+        or row is None
+        or row.engine != ORT_ENGINE
+    ):
         return card
     if "onnxruntime" not in card.runtimes:
         card = replace(card, runtimes=(*card.runtimes, "onnxruntime"))
@@ -126,8 +132,7 @@ def _onnx_installed() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("onnxruntime", "onnx"))
 
 
-def encode(engine: TextEncoderEngine, texts: list[str], batch_size: int = 64,
-           normalize: bool = True) -> Encoding:
+def encode(engine: TextEncoderEngine, texts: list[str], batch_size: int = 64, normalize: bool = True) -> Encoding:
     """``texts`` encoded to the end, for callers that report no progress."""
     enc = Encoding(engine, texts, batch_size, normalize)
     for _ in enc.steps():

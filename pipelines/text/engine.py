@@ -47,7 +47,7 @@ class TextEncoderEngine(ABC):
         """Load the tokenizer and weights of ``card``; a model that cannot load raises TaskError."""
 
     @classmethod
-    def load(cls, card: ModelCard, device: str, dtype: str) -> "TextEncoderEngine":
+    def load(cls, card: ModelCard, device: str, dtype: str) -> TextEncoderEngine:
         """The engine for ``card``, loaded once per process: a job that needs it twice (a chain,
         embed then search) reads the weights once."""
         return cached_model(card, cls.runtime, device, dtype, "text-encoder", lambda: cls(card, device, dtype))
@@ -90,7 +90,7 @@ def max_seq_length(path: Path, model_max_length: int | None) -> int:
 
 
 def pooling_mode(path: Path) -> str:
-    """"cls" when the folder's 1_Pooling config says so, else "mean"."""
+    """ "cls" when the folder's 1_Pooling config says so, else "mean"."""
     cfg = path / "1_Pooling" / "config.json"
     if cfg.exists():
         try:

@@ -36,8 +36,10 @@ class HFTextEncoder(TextEncoderEngine):
             attn = {"attn_implementation": "eager"} if self.device == "cpu" else {}
             self.model = AutoModel.from_pretrained(card.path, dtype=self.torch_dtype, **attn).to(self.device).eval()
         except (OSError, ValueError, json.JSONDecodeError) as exc:
-            raise TaskError(f"could not load {card.name} from {card.path}: {str(exc).splitlines()[0]}; "
-                            f"the folder may be corrupt or incomplete: re-install or re-download it") from None
+            raise TaskError(
+                f"could not load {card.name} from {card.path}: {str(exc).splitlines()[0]}; "
+                f"the folder may be corrupt or incomplete: re-install or re-download it"
+            ) from None
         self.max_tokens = max_seq_length(Path(card.path), getattr(self.tokenizer, "model_max_length", None))
         self.pooling = pooling_mode(Path(card.path))
         # float32 on a CPU: batches of at most 1,024 padded tokens ran 1.1-1.2x batches of 64 texts
@@ -55,9 +57,11 @@ class HFTextEncoder(TextEncoderEngine):
         torch = self._torch
         ids_np, mask_np = pad_rows(ids, self._pad)
         input_ids, mask = torch.from_numpy(ids_np), torch.from_numpy(mask_np)
-        hidden = self.model(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
-                            token_type_ids=torch.zeros_like(input_ids).to(self.device)
-                            if self._token_types else None).last_hidden_state.float()
+        hidden = self.model(
+            input_ids=input_ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            token_type_ids=torch.zeros_like(input_ids).to(self.device) if self._token_types else None,
+        ).last_hidden_state.float()
         if self.pooling == "cls":
             vec = hidden[:, 0]
         else:

@@ -120,9 +120,12 @@ class CorpusIndex:
         out: dict[str, Entry] = {}
         with closing(self._connect()) as db:
             for i in range(0, len(paths), 500):  # SQLite's limit on bound parameters
-                part = paths[i:i + 500]
-                rows = db.execute(f"SELECT path, digest, passages, dim, vectors, crc FROM files WHERE space = ? "
-                                  f"AND path IN ({','.join('?' * len(part))})", (space, *part))
+                part = paths[i : i + 500]
+                rows = db.execute(
+                    f"SELECT path, digest, passages, dim, vectors, crc FROM files WHERE space = ? "
+                    f"AND path IN ({','.join('?' * len(part))})",
+                    (space, *part),
+                )
                 for path, digest, passages, dim, blob, crc in rows:
                     entry = _entry(digest, passages, dim, blob, crc)
                     if entry is None:
@@ -149,12 +152,16 @@ class CorpusIndex:
             try:
                 db.executemany(
                     "INSERT OR REPLACE INTO files (space, path, digest, passages, dim, vectors, crc) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?)", [_row(space, path, e) for path, e in changed.items()])
+                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    [_row(space, path, e) for path, e in changed.items()],
+                )
                 gone = []
                 if root is not None:
                     prefix = root.rstrip(os.sep) + os.sep
-                    rows = db.execute("SELECT path FROM files WHERE space = ? AND substr(path, 1, ?) = ?",
-                                      (space, len(prefix), prefix))
+                    rows = db.execute(
+                        "SELECT path FROM files WHERE space = ? AND substr(path, 1, ?) = ?",
+                        (space, len(prefix), prefix),
+                    )
                     gone = [p for (p,) in rows if p not in keep]
                     db.executemany("DELETE FROM files WHERE space = ? AND path = ?", [(space, p) for p in gone])
                 db.execute("COMMIT")
@@ -166,8 +173,15 @@ class CorpusIndex:
 
 def _row(space: str, path: str, e: Entry) -> tuple:
     blob = np.ascontiguousarray(e.vectors, np.float32).tobytes()
-    return (space, path, e.digest, json.dumps(e.passages, ensure_ascii=False), e.vectors.shape[1], blob,
-            zlib.crc32(blob))
+    return (
+        space,
+        path,
+        e.digest,
+        json.dumps(e.passages, ensure_ascii=False),
+        e.vectors.shape[1],
+        blob,
+        zlib.crc32(blob),
+    )
 
 
 def _entry(digest, passages, dim, blob, crc) -> Entry | None:

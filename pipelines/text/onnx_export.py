@@ -39,8 +39,9 @@ def exported_dir(card: ModelCard) -> Path:
 def ensure_exported(card: ModelCard) -> Path:
     """The folder holding the ONNX graph of ``card``, exporting it first when this digest has no
     sound export."""
-    return cache_entry.build_or_temp(exported_dir(card), card, "the transformers folder",
-                                     lambda folder: export(card, folder))
+    return cache_entry.build_or_temp(
+        exported_dir(card), card, "the transformers folder", lambda folder: export(card, folder)
+    )
 
 
 def export(card: ModelCard, folder: Path) -> None:
@@ -48,8 +49,10 @@ def export(card: ModelCard, folder: Path) -> None:
     try:
         import onnx  # noqa: F401  (torch's exporter needs it; say so before loading any weights)
     except ImportError:
-        raise TaskError("the onnxruntime runtime exports the model to ONNX once, which needs the `onnx` "
-                        "package: pip install onnx (or use --runtime transformers)") from None
+        raise TaskError(
+            "the onnxruntime runtime exports the model to ONNX once, which needs the `onnx` "
+            "package: pip install onnx (or use --runtime transformers)"
+        ) from None
     import torch
     from transformers import AutoModel
 
@@ -67,16 +70,29 @@ def export(card: ModelCard, folder: Path) -> None:
     try:
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.inference_mode():
             warnings.simplefilter("ignore")  # the tracer's warnings are about Python branches on shapes
-            torch.onnx.export(wrapped, example, str(folder / GRAPH), input_names=["input_ids", "attention_mask"],
-                              output_names=["vector"], opset_version=OPSET, dynamo=False,
-                              dynamic_axes={"input_ids": {0: "batch", 1: "tokens"},
-                                            "attention_mask": {0: "batch", 1: "tokens"},
-                                            "vector": {0: "batch"}})
+            torch.onnx.export(
+                wrapped,
+                example,
+                str(folder / GRAPH),
+                input_names=["input_ids", "attention_mask"],
+                output_names=["vector"],
+                opset_version=OPSET,
+                dynamo=False,
+                dynamic_axes={
+                    "input_ids": {0: "batch", 1: "tokens"},
+                    "attention_mask": {0: "batch", 1: "tokens"},
+                    "vector": {0: "batch"},
+                },
+            )
     except Exception as exc:  # an architecture the tracer cannot follow
-        raise TaskError(f"could not export {card.name} to ONNX ({type(exc).__name__}: "
-                        f"{str(exc).splitlines()[0] if str(exc) else ''}); use --runtime transformers") from None
-    (folder / INFO).write_text(json.dumps({"dim": int(model.config.hidden_size), "pooling": pooling,
-                                           "opset": OPSET, "source": card.digest}) + "\n")
+        raise TaskError(
+            f"could not export {card.name} to ONNX ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}); use --runtime transformers"
+        ) from None
+    (folder / INFO).write_text(
+        json.dumps({"dim": int(model.config.hidden_size), "pooling": pooling, "opset": OPSET, "source": card.digest})
+        + "\n"
+    )
 
 
 def read_info(folder: Path) -> dict:

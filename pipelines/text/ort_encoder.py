@@ -32,8 +32,10 @@ class OrtTextEncoder(TextEncoderEngine):
         try:
             import onnxruntime as ort
         except ImportError:
-            raise TaskError("the onnxruntime runtime needs the `onnxruntime` package: pip install onnxruntime "
-                            "(or use --runtime transformers)") from None
+            raise TaskError(
+                "the onnxruntime runtime needs the `onnxruntime` package: pip install onnxruntime "
+                "(or use --runtime transformers)"
+            ) from None
         folder = ensure_exported(card)
         info = read_info(folder)
         opts = ort.SessionOptions()
@@ -45,8 +47,9 @@ class OrtTextEncoder(TextEncoderEngine):
             self.session = ort.InferenceSession(str(folder / GRAPH), opts, providers=["CPUExecutionProvider"])
             self.tokenizer = _tokenizer(Path(card.path))
         except (OSError, ValueError, json.JSONDecodeError, RuntimeError) as exc:
-            raise TaskError(f"could not load {card.name} on onnxruntime: {str(exc).splitlines()[0]}; "
-                            f"use --runtime transformers") from None
+            raise TaskError(
+                f"could not load {card.name} on onnxruntime: {str(exc).splitlines()[0]}; use --runtime transformers"
+            ) from None
         self.max_tokens = max_seq_length(Path(card.path), getattr(self.tokenizer, "model_max_length", None))
         self.dim = int(info["dim"])
         self.pooling = info["pooling"]
@@ -60,8 +63,9 @@ class OrtTextEncoder(TextEncoderEngine):
 
     def encode_batch(self, ids: list[list[int]]) -> np.ndarray:
         input_ids, mask = pad_rows(ids, self._pad)
-        return self.session.run(None, {"input_ids": input_ids, "attention_mask": mask})[0].astype(np.float32,
-                                                                                                copy=False)
+        return self.session.run(None, {"input_ids": input_ids, "attention_mask": mask})[0].astype(
+            np.float32, copy=False
+        )
 
 
 def _tokenizer(path: Path):

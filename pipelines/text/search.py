@@ -61,11 +61,21 @@ class SearchPipeline(EncoderPipeline):
         for i, (inp, res) in enumerate(zip(inputs, results)):
             yield ev.Item(i, inp.source, res)
         n = len(ix.passages)
-        yield ev.Done(Metrics(items=len(inputs), passages=n, embedded_passages=ix.embedded,
-                              reused_passages=n - ix.embedded, corpus_cached=ix.embedded == 0, files=ix.files,
-                              files_embedded=ix.files_embedded, files_dropped=ix.files_dropped,
-                              index_s=index_s, query_s=query_s,
-                              items_per_s=len(inputs) / query_s if query_s > 0 else 0.0))
+        yield ev.Done(
+            Metrics(
+                items=len(inputs),
+                passages=n,
+                embedded_passages=ix.embedded,
+                reused_passages=n - ix.embedded,
+                corpus_cached=ix.embedded == 0,
+                files=ix.files,
+                files_embedded=ix.files_embedded,
+                files_dropped=ix.files_dropped,
+                index_s=index_s,
+                query_s=query_s,
+                items_per_s=len(inputs) / query_s if query_s > 0 else 0.0,
+            )
+        )
 
     def rank(self, inputs, passages: list[Passage], vecs: np.ndarray, options) -> list[Result]:
         """The ``top_k`` passages for each query, best first, by cosine similarity."""
@@ -73,15 +83,26 @@ class SearchPipeline(EncoderPipeline):
         results = []
         for i, inp in enumerate(inputs):
             top = np.argsort(-scores[i])[: options.top_k]
-            results.append(Result(query=inp.text, hits=[
-                Hit(score=float(scores[i, j]), text=passages[j].text, file=passages[j].file,
-                    line_start=passages[j].line_start, line_end=passages[j].line_end) for j in top]))
+            results.append(
+                Result(
+                    query=inp.text,
+                    hits=[
+                        Hit(
+                            score=float(scores[i, j]),
+                            text=passages[j].text,
+                            file=passages[j].file,
+                            line_start=passages[j].line_start,
+                            line_end=passages[j].line_end,
+                        )
+                        for j in top
+                    ],
+                )
+            )
         return results
 
     def space(self, options) -> str:
         """What a file's vectors depend on besides its text."""
-        return (f"{self.card.digest}|{self.runtime}|{self.dtype}|split{SPLITTER_VERSION}|"
-                f"{options.passage_chars}")
+        return f"{self.card.digest}|{self.runtime}|{self.dtype}|split{SPLITTER_VERSION}|{options.passage_chars}"
 
     def index(self, corpus: Path, options):
         """Bring the index up to date for ``corpus`` (yielding progress while embedding) and
@@ -107,16 +128,23 @@ class SearchPipeline(EncoderPipeline):
                 entries[key] = old
             else:
                 cut = split_passages(text, "", options.passage_chars)
-                todo[key] = Entry(digest, [(p.line_start, p.line_end, p.text) for p in cut],
-                                  np.zeros((0, self.engine.dim), np.float32))
+                todo[key] = Entry(
+                    digest,
+                    [(p.line_start, p.line_end, p.text) for p in cut],
+                    np.zeros((0, self.engine.dim), np.float32),
+                )
         if store.damaged:
-            yield ev.Notice(f"the search index {store.path} could not be read ({store.damaged}); it is "
-                            f"taskrun's own cache, so it was rebuilt and those files are embedded again")
+            yield ev.Notice(
+                f"the search index {store.path} could not be read ({store.damaged}); it is "
+                f"taskrun's own cache, so it was rebuilt and those files are embedded again"
+            )
         yield from self._embed(todo, options)
         dropped = store.update(space, todo, set(texts), str(corpus.resolve()) if corpus.is_dir() else None)
         if store.unsaved:
-            yield ev.Notice(f"the search index {store.path} could not be written ({store.unsaved}); the "
-                            f"results are right, but the next search embeds the corpus again")
+            yield ev.Notice(
+                f"the search index {store.path} could not be written ({store.unsaved}); the "
+                f"results are right, but the next search embeds the corpus again"
+            )
         entries.update(todo)
         return self._assemble(corpus, texts, entries, todo, dropped)
 
@@ -130,7 +158,7 @@ class SearchPipeline(EncoderPipeline):
             yield ev.Progress(done, len(flat), "passages", "indexing")
         at = 0
         for e in todo.values():
-            e.vectors = enc.vectors[at:at + len(e.passages)]
+            e.vectors = enc.vectors[at : at + len(e.passages)]
             at += len(e.passages)
 
     def _assemble(self, corpus: Path, texts: dict, entries: dict[str, Entry], todo: dict, dropped: int) -> Indexed:
@@ -141,9 +169,14 @@ class SearchPipeline(EncoderPipeline):
             vectors.append(entries[key].vectors)
         if not passages:
             raise TaskError(f"--corpus {corpus} has no text to search")
-        return Indexed(passages, np.concatenate(vectors).astype(np.float32, copy=False), files=len(texts),
-                       embedded=sum(len(e.passages) for e in todo.values()), files_embedded=len(todo),
-                       files_dropped=dropped)
+        return Indexed(
+            passages,
+            np.concatenate(vectors).astype(np.float32, copy=False),
+            files=len(texts),
+            embedded=sum(len(e.passages) for e in todo.values()),
+            files_embedded=len(todo),
+            files_dropped=dropped,
+        )
 
 
 def corpus_files(corpus: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
@@ -233,7 +266,7 @@ def _cut(text: str, max_chars: int) -> list[str]:
         if cut <= 0:
             cut = max_chars - 1
         pieces.append(rest[: cut + 1].strip())
-        rest = rest[cut + 1:]
+        rest = rest[cut + 1 :]
     if rest.strip():
         pieces.append(rest.strip())
     return pieces

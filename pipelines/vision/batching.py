@@ -4,7 +4,8 @@ batches with per-image failures, progress, timing, and a few model helpers."""
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from taskrun.pipelines.base import Pipeline as Base
 from taskrun.tasks import events as ev
@@ -27,13 +28,23 @@ class TorchVision(Base):
     def __init__(self, card, device="auto", dtype="auto"):
         super().__init__(card, device, dtype)
         if card.kind != self.kind:
-            raise TaskError(f"the torch runtime for {self.task} {self.runs}; `{card.name}` is "
-                            f"{card.kind or card.architecture}: use --runtime transformers")
+            raise TaskError(
+                f"the torch runtime for {self.task} {self.runs}; `{card.name}` is "
+                f"{card.kind or card.architecture}: use --runtime transformers"
+            )
 
 
-def measured_run(inputs: list, batch_size: int, process: Process, clock: Clock, scope: str,
-                 Metrics: type, prepare: Callable[[Any], Any] | None = None, workers: int = 1,
-                 fit: int | None = None) -> Iterator[Any]:
+def measured_run(
+    inputs: list,
+    batch_size: int,
+    process: Process,
+    clock: Clock,
+    scope: str,
+    Metrics: type,
+    prepare: Callable[[Any], Any] | None = None,
+    workers: int = 1,
+    fit: int | None = None,
+) -> Iterator[Any]:
     """run_batches, then ``Done`` with items, items_per_s and latency_s of the pipeline's own
     work; that same time is added to ``clock`` under ``scope``."""
     stats: dict = {}
@@ -42,9 +53,15 @@ def measured_run(inputs: list, batch_size: int, process: Process, clock: Clock, 
     yield ev.Done(rate_metrics(Metrics, stats))
 
 
-def run_batches(inputs: list, batch_size: int, process: Process, stats: dict,
-                prepare: Callable[[Any], Any] | None = None, workers: int = 1,
-                fit: int | None = None) -> Iterator[Any]:
+def run_batches(
+    inputs: list,
+    batch_size: int,
+    process: Process,
+    stats: dict,
+    prepare: Callable[[Any], Any] | None = None,
+    workers: int = 1,
+    fit: int | None = None,
+) -> Iterator[Any]:
     """Decode and process ``inputs`` ``batch_size`` at a time, yielding Item / ItemError / Progress
     in input order.
 
@@ -138,7 +155,7 @@ def _parallel_batches(inputs, starts, size, process, load, workers):
 
     pending: list = []
     try:
-        pending = [model.submit(one_batch, s) for s in starts[:workers + 1]]
+        pending = [model.submit(one_batch, s) for s in starts[: workers + 1]]
         for k in range(len(starts)):
             done = pending.pop(0).result()
             if k + workers + 1 < len(starts):
@@ -152,10 +169,9 @@ def _parallel_batches(inputs, starts, size, process, load, workers):
             decode.shutdown(wait=True)
 
 
-def _load_batch(inputs: list, start: int, size: int, prepare: Callable[[Any], Any] | None,
-                fit: int | None = None):
+def _load_batch(inputs: list, start: int, size: int, prepare: Callable[[Any], Any] | None, fit: int | None = None):
     """([(index, image or prepared array)], [ItemError]) for inputs[start:start + size]."""
-    good, bad = load_images(inputs[start:start + size], start, fit)
+    good, bad = load_images(inputs[start : start + size], start, fit)
     if prepare is None:
         return good, bad
     prepared = []

@@ -42,8 +42,10 @@ def model_name(architecture: str) -> str:
     """EfficientNetLite0 → efficientnet-lite0 (the names efficientnet_lite_pytorch knows)."""
     m = re.fullmatch(r"(?i)efficient_?net[-_]?(lite\d|b\d)", architecture)
     if not m:
-        raise TaskError(f"the torch runtime for classify runs EfficientNet (Lite0-4, B0-7); `{architecture}` "
-                        f"is not one: use --runtime transformers for Hugging Face image classifiers")
+        raise TaskError(
+            f"the torch runtime for classify runs EfficientNet (Lite0-4, B0-7); `{architecture}` "
+            f"is not one: use --runtime transformers for Hugging Face image classifiers"
+        )
     return f"efficientnet-{m.group(1).lower()}"
 
 
@@ -128,8 +130,17 @@ class EfficientNetBase(TorchVision):
 
         # fit: prepare squeezes the whole picture to size×size, so a large photo is decoded
         # only as large as that needs (a 12-megapixel JPEG at 1/8 scale)
-        yield from measured_run(inputs, options.batch_size, process, clock, "classify", Metrics,
-                                prepare=self.prepare, workers=self.workers, fit=self.size)
+        yield from measured_run(
+            inputs,
+            options.batch_size,
+            process,
+            clock,
+            "classify",
+            Metrics,
+            prepare=self.prepare,
+            workers=self.workers,
+            fit=self.size,
+        )
 
 
 def image_size(card) -> int:
@@ -146,9 +157,17 @@ class EfficientNetPipeline(EfficientNetBase):
         super().__init__(card, device, dtype)
         self.size = image_size(card)
         self.torch_dtype, self.dtype = resolve_dtype(dtype, self.device, auto_dtype(self.device, prefer_bf16=True))
-        self.model = cached_model(card, "torch", self.device, self.dtype, "efficientnet", lambda: best_cpu_layout(
-            fuse_for_inference(build_model(card.architecture, card.path)).to(self.device, self.torch_dtype),
-            self.device))
+        self.model = cached_model(
+            card,
+            "torch",
+            self.device,
+            self.dtype,
+            "efficientnet",
+            lambda: best_cpu_layout(
+                fuse_for_inference(build_model(card.architecture, card.path)).to(self.device, self.torch_dtype),
+                self.device,
+            ),
+        )
 
     def prepare(self, image) -> np.ndarray:
         return preprocess(image, self.size)

@@ -38,17 +38,26 @@ def export(card, dst: Path, size: int) -> Path:
     import importlib.util
 
     if importlib.util.find_spec("onnx") is None:
-        raise TaskError(f"the onnxruntime runtime exports {card.name} to ONNX once, which needs the `onnx` "
-                        f"package: pip install onnx (or use --runtime torch)")
+        raise TaskError(
+            f"the onnxruntime runtime exports {card.name} to ONNX once, which needs the `onnx` "
+            f"package: pip install onnx (or use --runtime torch)"
+        )
     import torch
 
     net = _FromPixels(build_model(card.architecture, card.path)).eval()
     example = torch.zeros(1, size, size, 3, dtype=torch.uint8)
     with warnings.catch_warnings():  # the TorchScript exporter's deprecation notes: nothing to act on
         warnings.simplefilter("ignore")
-        torch.onnx.export(net, (example,), str(dst), input_names=["pixels"], output_names=["logits"],
-                          dynamic_axes={"pixels": {0: "batch"}, "logits": {0: "batch"}},
-                          opset_version=OPSET, dynamo=False)
+        torch.onnx.export(
+            net,
+            (example,),
+            str(dst),
+            input_names=["pixels"],
+            output_names=["logits"],
+            dynamic_axes={"pixels": {0: "batch"}, "logits": {0: "batch"}},
+            opset_version=OPSET,
+            dynamo=False,
+        )
     return dst
 
 
@@ -73,8 +82,9 @@ def onnx_file(card, size: int) -> Path:
 
     key = card.digest.split(":")[-1][:16]
     target = cache_dir() / "onnx-vision" / f"{model_name(card.architecture)}-{size}-{key}"
-    folder = cache_entry.build_or_temp(target, card, "the torch weights, exported to ONNX",
-                                       lambda tmp: export(card, tmp / FILE, size))
+    folder = cache_entry.build_or_temp(
+        target, card, "the torch weights, exported to ONNX", lambda tmp: export(card, tmp / FILE, size)
+    )
     return folder / FILE
 
 
@@ -103,8 +113,10 @@ class EfficientNetOrtPipeline(EfficientNetBase):
         self.card = card
         self.device, self.dtype = "cpu", "float32"
         if card.kind != self.kind:
-            raise TaskError(f"the onnxruntime runtime for classify {self.runs}; `{card.name}` is "
-                            f"{card.kind or card.architecture}: use --runtime transformers")
+            raise TaskError(
+                f"the onnxruntime runtime for classify {self.runs}; `{card.name}` is "
+                f"{card.kind or card.architecture}: use --runtime transformers"
+            )
         model_name(card.architecture)
         from taskrun.pipelines.vision.efficientnet import imagenet_labels
 
@@ -112,8 +124,14 @@ class EfficientNetOrtPipeline(EfficientNetBase):
         self.size = int(card.extra.get("image_size") or 0) or _known_size(card.architecture)
         cores = cpu_threads()
         self.workers = 2 if cores >= 2 else 1  # two batches at once, each on half the cores
-        self.session = cached_model(card, self.runtime, self.device, self.dtype, f"efficientnet/{self.workers}",
-                                    lambda: session(onnx_file(card, self.size), max(1, cores // self.workers)))
+        self.session = cached_model(
+            card,
+            self.runtime,
+            self.device,
+            self.dtype,
+            f"efficientnet/{self.workers}",
+            lambda: session(onnx_file(card, self.size), max(1, cores // self.workers)),
+        )
 
     def prepare(self, image) -> np.ndarray:
         return np.asarray(resized(image, self.size))  # uint8 HWC: the graph scales it
@@ -124,8 +142,21 @@ class EfficientNetOrtPipeline(EfficientNetBase):
 
 # The networks' own input sizes (efficientnet_lite_pytorch's table), so a cached export runs
 # without importing torch.
-_SIZES = {"lite0": 224, "lite1": 240, "lite2": 260, "lite3": 280, "lite4": 300, "b0": 224, "b1": 240,
-          "b2": 260, "b3": 300, "b4": 380, "b5": 456, "b6": 528, "b7": 600}
+_SIZES = {
+    "lite0": 224,
+    "lite1": 240,
+    "lite2": 260,
+    "lite3": 280,
+    "lite4": 300,
+    "b0": 224,
+    "b1": 240,
+    "b2": 260,
+    "b3": 300,
+    "b4": 380,
+    "b5": 456,
+    "b6": 528,
+    "b7": 600,
+}
 
 
 def _known_size(architecture: str) -> int:

@@ -30,13 +30,21 @@ class FacePipeline(TorchVision):
         self.torch_dtype, self.dtype = resolve_dtype(dtype, self.device, "float32")
         folder = Path(card.path)
         if not all((folder / f"{n}.pt").exists() for n in ("pnet", "rnet", "onet")):
-            raise TaskError(f"{folder} lacks pnet.pt, rnet.pt and onet.pt; reinstall the weights: "
-                            f"pip install --no-deps facenet-pytorch==2.6.0")
+            raise TaskError(
+                f"{folder} lacks pnet.pt, rnet.pt and onet.pt; reinstall the weights: "
+                f"pip install --no-deps facenet-pytorch==2.6.0"
+            )
         from taskrun.pipelines.vision.mtcnn import MTCNN
 
         self.threads = None if os.environ.get("TASKRUN_THREADS") or self.device != "cpu" else 1
-        self.model = cached_model(card, "torch", self.device, self.dtype, "mtcnn",
-                                  lambda: MTCNN.from_folder(folder).to(self.device, self.torch_dtype))
+        self.model = cached_model(
+            card,
+            "torch",
+            self.device,
+            self.dtype,
+            "mtcnn",
+            lambda: MTCNN.from_folder(folder).to(self.device, self.torch_dtype),
+        )
 
     def run(self, inputs, options, clock):
         several = len(inputs) > 1
@@ -53,10 +61,8 @@ class FacePipeline(TorchVision):
                 result = Result(input=inputs[index].describe(), width=image.width, height=image.height)
                 for b, p in zip(boxes.tolist(), points.tolist()):
                     if b[4] >= options.threshold:
-                        result.boxes.append(Box("face", b[4], *b[:4],
-                                                landmarks=p if options.landmarks else None))
+                        result.boxes.append(Box("face", b[4], *b[:4], landmarks=p if options.landmarks else None))
                 yield annotate_item(index, image, to_original(result, image), options, several, inputs)
 
         with torch_threads(self.threads):
             yield from measured_run(inputs, options.batch_size, process, clock, "detect", Metrics)
-

@@ -13,15 +13,21 @@ from taskrun.pipelines.vision.labels import label_batch
 class ImageClassifier:
     def __init__(self, card, device, dtype):
         self.device = device
-        (self.torch_dtype, self.dtype, self.processor, self.model,
-         self.id2label) = load_hf_vision(card, device, dtype, "AutoModelForImageClassification", "image-cls")
+        (self.torch_dtype, self.dtype, self.processor, self.model, self.id2label) = load_hf_vision(
+            card, device, dtype, "AutoModelForImageClassification", "image-cls"
+        )
         self.multi = getattr(self.model.config, "problem_type", None) == "multi_label_classification"
 
     def run(self, inputs, options):
         """Item / ItemError / Progress events, one result per input index."""
         stats: dict = {}
-        yield from run_batches(inputs, options.batch_size, lambda batch: self._batch(batch, inputs, options), stats,
-                               fit=processor_fit(self.processor))
+        yield from run_batches(
+            inputs,
+            options.batch_size,
+            lambda batch: self._batch(batch, inputs, options),
+            stats,
+            fit=processor_fit(self.processor),
+        )
 
     def _batch(self, batch, inputs, options):
         enc = self.processor(images=[img for _, img in batch], return_tensors="pt")

@@ -26,11 +26,14 @@ class DetectPipeline(Base):
 
         def check_processor(processor):
             if not hasattr(processor, "post_process_object_detection"):
-                raise TaskError(f"the image processor of `{card.name}` has no object-detection "
-                                f"post-processing; detect needs a DETR/YOLOS/RT-DETR-style model")
+                raise TaskError(
+                    f"the image processor of `{card.name}` has no object-detection "
+                    f"post-processing; detect needs a DETR/YOLOS/RT-DETR-style model"
+                )
 
         (self.torch_dtype, self.dtype, self.processor, self.model, self.id2label) = load_hf_vision(
-            card, self.device, dtype, "AutoModelForObjectDetection", "detector", check_processor)
+            card, self.device, dtype, "AutoModelForObjectDetection", "detector", check_processor
+        )
         # DETR-like models take a pixel mask and ignore the padding of a mixed-size batch; a model
         # without one (YOLOS) would see the padding as image, so it is batched by size instead.
         self.masks_padding = "pixel_mask" in inspect.signature(self.model.forward).parameters
@@ -48,14 +51,16 @@ class DetectPipeline(Base):
 
         images = [img for _, img in group]
         enc = self.processor(images=images, return_tensors="pt")
-        enc = {k: (v.to(self.device, self.torch_dtype) if v.is_floating_point() else v.to(self.device))
-               for k, v in enc.items() if isinstance(v, torch.Tensor) and (k != "pixel_mask" or self.masks_padding)}
+        enc = {
+            k: (v.to(self.device, self.torch_dtype) if v.is_floating_point() else v.to(self.device))
+            for k, v in enc.items()
+            if isinstance(v, torch.Tensor) and (k != "pixel_mask" or self.masks_padding)
+        }
         outputs = self.model(**enc)
         outputs.logits = outputs.logits.float()
         outputs.pred_boxes = outputs.pred_boxes.float()
         sizes = torch.tensor([(img.height, img.width) for img in images])
-        found = self.processor.post_process_object_detection(outputs, threshold=options.threshold,
-                                                             target_sizes=sizes)
+        found = self.processor.post_process_object_detection(outputs, threshold=options.threshold, target_sizes=sizes)
         for (index, image), det in zip(group, found):
             result = Result(input=inputs[index].describe(), width=image.width, height=image.height)
             for score, label, box in zip(det["scores"].tolist(), det["labels"].tolist(), det["boxes"].tolist()):
@@ -81,5 +86,4 @@ class DetectPipeline(Base):
 
 def _clip(box, width, height):
     x0, y0, x1, y1 = box
-    return (min(max(x0, 0.0), width), min(max(y0, 0.0), height),
-            min(max(x1, 0.0), width), min(max(y1, 0.0), height))
+    return (min(max(x0, 0.0), width), min(max(y0, 0.0), height), min(max(x1, 0.0), width), min(max(y1, 0.0), height))

@@ -3,7 +3,8 @@ image processor, network and label names, each loaded once per (model, device, d
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from taskrun.pipelines import cached_model
 from taskrun.pipelines.device import auto_dtype, resolve_dtype
@@ -29,21 +30,27 @@ def load_processor(path: str):
         raise TaskError(f"{path} has no usable image processor (preprocessor_config.json): {exc}") from None
 
 
-def load_hf_vision(card, device: str, dtype: str, auto_class: str, role: str,
-                   check_processor: Callable[[Any], None] | None = None) -> HFVision:
+def load_hf_vision(
+    card, device: str, dtype: str, auto_class: str, role: str, check_processor: Callable[[Any], None] | None = None
+) -> HFVision:
     """The processor, then (once ``check_processor`` accepts it) the ``auto_class`` network in
     eval mode, cached under ``role``."""
     import transformers
 
     # float32 unless asked: bf16 has not been checked against each hub model's accuracy.
     torch_dtype, dtype = resolve_dtype(dtype, device, auto_dtype(device, prefer_bf16=False))
-    processor = cached_model(card, "transformers", device, dtype, "image-processor",
-                             lambda: load_processor(card.path))
+    processor = cached_model(card, "transformers", device, dtype, "image-processor", lambda: load_processor(card.path))
     if check_processor is not None:
         check_processor(processor)
     auto = getattr(transformers, auto_class)
-    model = cached_model(card, "transformers", device, dtype, role,
-                         lambda: auto.from_pretrained(card.path, dtype=torch_dtype).to(device).eval())
+    model = cached_model(
+        card,
+        "transformers",
+        device,
+        dtype,
+        role,
+        lambda: auto.from_pretrained(card.path, dtype=torch_dtype).to(device).eval(),
+    )
     id2label = {int(k): v for k, v in (model.config.id2label or {}).items()}
     return HFVision(torch_dtype, dtype, processor, model, id2label)
 

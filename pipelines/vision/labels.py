@@ -3,7 +3,8 @@ transformers) share after the forward pass: scores from the logits, and each ima
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -16,8 +17,9 @@ def top_labels(probs: np.ndarray, id2label: dict[int, str], k: int) -> list[Labe
     return [Label(id2label.get(int(j), str(int(j))), float(probs[j])) for j in order]
 
 
-def label_batch(batch: list, logits: Any, id2label: dict[int, str], k: int, inputs: list,
-                multi: bool = False) -> Iterator[tuple[int, Result]]:
+def label_batch(
+    batch: list, logits: Any, id2label: dict[int, str], k: int, inputs: list, multi: bool = False
+) -> Iterator[tuple[int, Result]]:
     """(index, Result) for each image of ``batch`` from its row of ``logits``: softmax over the
     classes, or an independent sigmoid per class for a multi-label head."""
     if isinstance(logits, np.ndarray):  # ONNX Runtime's output

@@ -101,7 +101,7 @@ class MTCNN(nn.Module):
         self.pnet, self.rnet, self.onet = PNet(), RNet(), ONet()
 
     @classmethod
-    def from_folder(cls, folder: str | Path) -> "MTCNN":
+    def from_folder(cls, folder: str | Path) -> MTCNN:
         """Load pnet.pt, rnet.pt and onet.pt from ``folder``; a missing or extra key is an error."""
         model = cls()
         for name in ("pnet", "rnet", "onet"):
@@ -113,8 +113,9 @@ class MTCNN(nn.Module):
     def dtype(self):
         return next(self.parameters()).dtype
 
-    def detect(self, image: torch.Tensor, min_face: int = 20,
-               thresholds: tuple[float, float, float] = STAGE_THRESHOLDS) -> tuple[torch.Tensor, torch.Tensor]:
+    def detect(
+        self, image: torch.Tensor, min_face: int = 20, thresholds: tuple[float, float, float] = STAGE_THRESHOLDS
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Faces in one image (uint8 or float tensor, 3×H×W, RGB 0-255).
 
         Returns (boxes N×5 as x0, y0, x1, y1, score, best first; landmarks N×5×2), in pixels.
@@ -156,8 +157,16 @@ class MTCNN(nn.Module):
         boxes = torch.cat(found)
         boxes = boxes[nms(boxes[:, :4], boxes[:, 4], 0.7)]
         bw, bh = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
-        refined = torch.stack([boxes[:, 0] + boxes[:, 5] * bw, boxes[:, 1] + boxes[:, 6] * bh,
-                               boxes[:, 2] + boxes[:, 7] * bw, boxes[:, 3] + boxes[:, 8] * bh, boxes[:, 4]], 1)
+        refined = torch.stack(
+            [
+                boxes[:, 0] + boxes[:, 5] * bw,
+                boxes[:, 1] + boxes[:, 6] * bh,
+                boxes[:, 2] + boxes[:, 7] * bw,
+                boxes[:, 3] + boxes[:, 8] * bh,
+                boxes[:, 4],
+            ],
+            1,
+        )
         return _square(refined)
 
     def _refine(self, img, boxes, threshold):
@@ -238,7 +247,7 @@ def _crops(img, boxes, size):
     for k, (x0, y0, x1, y1) in enumerate(b):
         x0, y0, x1, y1 = max(x0, 1), max(y0, 1), min(x1, w), min(y1, h)
         if x1 > x0 - 1 and y1 > y0 - 1:
-            crop = img[:, :, y0 - 1:y1, x0 - 1:x1]
+            crop = img[:, :, y0 - 1 : y1, x0 - 1 : x1]
             if crop.shape[2] and crop.shape[3]:
                 crops.append(F.interpolate(crop, size=(size, size), mode="area"))
                 keep.append(k)

@@ -59,14 +59,12 @@ class Journal:
     """The output JSONL, opened for appending; ``done`` maps each id already in it to whether it
     succeeded."""
 
-    def __init__(self, path: str | Path, *, flavour: str, restart: bool = False,
-                 retry_failed: bool = False) -> None:
+    def __init__(self, path: str | Path, *, flavour: str, restart: bool = False, retry_failed: bool = False) -> None:
         self.path = Path(path)
         self.flavour = "openai" if flavour == "openai" else "taskrun"
         self.dropped_bytes = 0
         if not self.path.resolve().parent.is_dir():
-            raise TaskError(f"cannot write {path}: folder {self.path.resolve().parent} does not exist; "
-                            f"create it first")
+            raise TaskError(f"cannot write {path}: folder {self.path.resolve().parent} does not exist; create it first")
         self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._lock()
         if restart:
@@ -82,8 +80,9 @@ class Journal:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(self.fd)
-            raise TaskError(f"{self.path} is being written by another `run batch`; wait for it to "
-                            f"end, or give another -o") from None
+            raise TaskError(
+                f"{self.path} is being written by another `run batch`; wait for it to end, or give another -o"
+            ) from None
 
     def _read(self) -> dict[str, bool]:
         """The ids already written; a torn or broken last line is cut off."""
@@ -93,8 +92,10 @@ class Journal:
         with open(self.path, "rb") as f:
             for n, raw in enumerate(f, 1):
                 if bad is not None:
-                    raise TaskError(f"line {bad} of {self.path} is damaged (not a whole JSON line) and "
-                                    f"is not the last line; remove it by hand, or start over with --restart")
+                    raise TaskError(
+                        f"line {bad} of {self.path} is damaged (not a whole JSON line) and "
+                        f"is not the last line; remove it by hand, or start over with --restart"
+                    )
                 if raw.strip():
                     key = line_key(raw)
                     if key is None:
@@ -112,8 +113,10 @@ class Journal:
 
     def _check_format(self, fmt: str, n: int) -> None:
         if fmt != self.flavour:
-            raise TaskError(f"{self.path} holds {fmt}-format lines (line {n}), not the {self.flavour} lines "
-                            f"this input gives: it is another batch's output; give another -o, or --restart")
+            raise TaskError(
+                f"{self.path} holds {fmt}-format lines (line {n}), not the {self.flavour} lines "
+                f"this input gives: it is another batch's output; give another -o, or --restart"
+            )
 
     def _keep_succeeded(self) -> None:
         """Rewrite the file with its succeeded lines only (atomically: a copy, synced, renamed
@@ -139,7 +142,7 @@ class Journal:
             return 0
         data = memoryview(b"".join(chunks))
         while data:
-            data = data[os.write(self.fd, data):]
+            data = data[os.write(self.fd, data) :]
         os.fsync(self.fd)
         return len(chunks)
 

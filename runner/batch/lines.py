@@ -47,8 +47,11 @@ class Failure:
             exc = from_task_error(exc)
         if hasattr(exc, "status") and hasattr(exc, "body"):
             return cls(exc.message, exc.status, exc.type, exc.param, exc.code)
-        return cls(f"internal error: {type(exc).__name__}: {exc} (set TASKRUN_DEBUG=1 to see the traceback)",
-                   500, "server_error")
+        return cls(
+            f"internal error: {type(exc).__name__}: {exc} (set TASKRUN_DEBUG=1 to see the traceback)",
+            500,
+            "server_error",
+        )
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -83,24 +86,40 @@ def _rounded(obj: Any) -> Any:
     return obj
 
 
-def native_line(item_id: str, task: str, *, result: Any = None, failure: Failure | None = None,
-                metrics: dict | None = None, model: dict | None = None, run_id: str | None = None,
-                files: list[str] | None = None) -> dict:
-    line = {"id": item_id, "task": task, "status": "failed" if failure else "ok",
-            "result": cli_result(result), "error": failure.message if failure else None,
-            "metrics": metrics, "model": model, "run_id": run_id}
+def native_line(
+    item_id: str,
+    task: str,
+    *,
+    result: Any = None,
+    failure: Failure | None = None,
+    metrics: dict | None = None,
+    model: dict | None = None,
+    run_id: str | None = None,
+    files: list[str] | None = None,
+) -> dict:
+    line = {
+        "id": item_id,
+        "task": task,
+        "status": "failed" if failure else "ok",
+        "result": cli_result(result),
+        "error": failure.message if failure else None,
+        "metrics": metrics,
+        "model": model,
+        "run_id": run_id,
+    }
     if files:
         line["files"] = files
     return line
 
 
-def openai_line(custom_id: str, *, body: Any = None, failure: Failure | None = None,
-                run_id: str | None = None) -> dict:
+def openai_line(custom_id: str, *, body: Any = None, failure: Failure | None = None, run_id: str | None = None) -> dict:
     status = failure.status if failure else 200
-    return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": custom_id,
-            "response": {"status_code": status, "request_id": run_id,
-                         "body": failure.body() if failure else body},
-            "error": {"code": failure.code or failure.type, "message": failure.message} if failure else None}
+    return {
+        "id": f"batch_req_{uuid.uuid4().hex}",
+        "custom_id": custom_id,
+        "response": {"status_code": status, "request_id": run_id, "body": failure.body() if failure else body},
+        "error": {"code": failure.code or failure.type, "message": failure.message} if failure else None,
+    }
 
 
 # --------------------------------------------------------------------------- side files
@@ -109,8 +128,9 @@ def openai_line(custom_id: str, *, body: Any = None, failure: Failure | None = N
 def side_path(out_dir: str | Path, item_id: str, suffix: str) -> Path:
     """Where an item's side file goes: its id as a relative path under ``out_dir`` (a folder's
     layout is kept: ``sub/a.wav`` → ``OUT/sub/a.wav.srt``), never outside it."""
-    parts = [re.sub(r"[^\w.-]", "_", p) for p in PurePosixPath(item_id.replace("\\", "/")).parts
-             if p not in ("/", ".", "..")]
+    parts = [
+        re.sub(r"[^\w.-]", "_", p) for p in PurePosixPath(item_id.replace("\\", "/")).parts if p not in ("/", ".", "..")
+    ]
     rel = Path(*[p for p in parts if p.strip(".")]) if parts else Path("item")
     if not rel.parts:
         rel = Path("item")

@@ -93,8 +93,9 @@ def _run_pool(entries: Iterable[Entry], ctx: Context, write, *, log, workers: in
 
     threads = max(1, cpu_threads() // workers)
     # spawn: a forked child of a process that has started torch's threads can deadlock.
-    with cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                                initializer=_init_worker, initargs=(threads,)) as pool:
+    with cf.ProcessPoolExecutor(
+        workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker, initargs=(threads,)
+    ) as pool:
         inflight: set[cf.Future] = set()
         for unit in units(entries, ctx.chunk):
             inflight.add(pool.submit(pool_window, unit, ctx))

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 import click
+
 from taskrun.runner.output.writer import fmt_value
 
 EVERY_S = 10.0  # seconds between plain progress lines
@@ -75,8 +76,9 @@ class Progress:
         if not quiet and (sys.stderr.isatty() or os.environ.get("TASKRUN_PROGRESS")) and tally.total:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=tally.total, unit="item", file=sys.stderr, smoothing=0.05,
-                            desc="batch", dynamic_ncols=True)
+            self.bar = tqdm(
+                total=tally.total, unit="item", file=sys.stderr, smoothing=0.05, desc="batch", dynamic_ncols=True
+            )
 
     def add(self, fin) -> None:
         n = self.tally.add(fin)
@@ -94,8 +96,10 @@ class Progress:
         rate = t.done / wall if wall > 0 else 0.0
         eta = (t.total - t.done) / rate if rate > 0 else None
         pct = 100.0 * t.done / t.total if t.total else 100.0
-        return (f"batch: {t.done}/{t.total} ({pct:.1f}%)  {t.failed} failed  {rate:.1f} items/s  "
-                f"elapsed {wall:.0f} s" + (f"  eta {eta:.0f} s" if eta is not None else ""))
+        return (
+            f"batch: {t.done}/{t.total} ({pct:.1f}%)  {t.failed} failed  {rate:.1f} items/s  "
+            f"elapsed {wall:.0f} s" + (f"  eta {eta:.0f} s" if eta is not None else "")
+        )
 
     def close(self) -> None:
         if self.bar is not None:
@@ -107,22 +111,40 @@ def summary_row(tally: Tally, batch_id: str, output: str, engine: str, source: s
     """The batch's own row in the run log (task "batch"), linked to its jobs' rows by chain_id."""
     wall = tally.wall_s()
     status = "ok" if not tally.failed else "partial" if tally.ok else "failed"
-    per_task = {name: {"items": t.items, "failed": t.failed, "job_s": round(t.job_s, 3),
-                       "items_per_s": round(t.rate(), 2)} for name, t in tally.tasks.items()}
-    return {"id": batch_id, "started_at": tally.started_at, "task": "batch", "status": status,
-            "error": None if not tally.failed else f"{tally.failed} of {tally.done} items failed",
-            "inputs": tally.done, "chain_id": batch_id,
-            "summary": f"{tally.ok} ok, {tally.failed} failed, {tally.skipped} skipped → {output}",
-            "options": {"input": source, "output": output, "engine": engine},
-            "metrics": {"wall_s": round(wall, 4), "ok": tally.ok, "failed": tally.failed,
-                        "skipped": tally.skipped, "items_per_s": round(tally.done / wall, 2) if wall else 0.0,
-                        "tasks": per_task, "output": output}}
+    per_task = {
+        name: {"items": t.items, "failed": t.failed, "job_s": round(t.job_s, 3), "items_per_s": round(t.rate(), 2)}
+        for name, t in tally.tasks.items()
+    }
+    return {
+        "id": batch_id,
+        "started_at": tally.started_at,
+        "task": "batch",
+        "status": status,
+        "error": None if not tally.failed else f"{tally.failed} of {tally.done} items failed",
+        "inputs": tally.done,
+        "chain_id": batch_id,
+        "summary": f"{tally.ok} ok, {tally.failed} failed, {tally.skipped} skipped → {output}",
+        "options": {"input": source, "output": output, "engine": engine},
+        "metrics": {
+            "wall_s": round(wall, 4),
+            "ok": tally.ok,
+            "failed": tally.failed,
+            "skipped": tally.skipped,
+            "items_per_s": round(tally.done / wall, 2) if wall else 0.0,
+            "tasks": per_task,
+            "output": output,
+        },
+    }
 
 
 def summary_text(tally: Tally, batch_id: str, output: str) -> str:
     wall = tally.wall_s()
-    lines = [(f"batch {batch_id}: {tally.ok} ok, {tally.failed} failed, {tally.skipped} skipped "
-              f"(already in the output) in {fmt_value(wall)} s → {output}")]
+    lines = [
+        (
+            f"batch {batch_id}: {tally.ok} ok, {tally.failed} failed, {tally.skipped} skipped "
+            f"(already in the output) in {fmt_value(wall)} s → {output}"
+        )
+    ]
     for name, t in sorted(tally.tasks.items()):
         rate = f"{fmt_value(t.rate())} items/s in its jobs ({fmt_value(t.job_s)} s)" if t.job_s else "no job ran"
         lines.append(f"  {name:<11} {t.items} items, {t.failed} failed, {rate}")

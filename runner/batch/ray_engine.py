@@ -34,11 +34,17 @@ from taskrun.runner.batch.source import Entry
 from taskrun.runner.batch.work import Context, Finished
 from taskrun.tasks.base import TaskError
 
-PRIVATE_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled",
-               "RAY_USAGE_STATS_ENABLED": "0"}
+PRIVATE_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
 # What the actors need from the driver's environment to resolve models and stay offline.
-FORWARD_ENV = ("TASKRUN_MODELS_TOML", "TASKRUN_CACHE_DIR", "TASKRUN_DEBUG", "HF_HUB_OFFLINE",
-               "TRANSFORMERS_OFFLINE", "HF_HOME", "TOKENIZERS_PARALLELISM")
+FORWARD_ENV = (
+    "TASKRUN_MODELS_TOML",
+    "TASKRUN_CACHE_DIR",
+    "TASKRUN_DEBUG",
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "HF_HOME",
+    "TOKENIZERS_PARALLELISM",
+)
 MAX_TASK_RETRIES = 3  # a batch that kills its worker this many times in a row fails the run
 
 
@@ -66,9 +72,15 @@ def start_local(num_cpus: int | None = None) -> str:
     from taskrun.pipelines.device import cpu_threads
 
     temp = tempfile.mkdtemp(prefix="taskrun-ray-")
-    ray.init(num_cpus=num_cpus or cpu_threads(), include_dashboard=False, _temp_dir=temp,
-             _node_ip_address="127.0.0.1", log_to_driver=False, logging_level="WARNING",
-             configure_logging=True)
+    ray.init(
+        num_cpus=num_cpus or cpu_threads(),
+        include_dashboard=False,
+        _temp_dir=temp,
+        _node_ip_address="127.0.0.1",
+        log_to_driver=False,
+        logging_level="WARNING",
+        configure_logging=True,
+    )
     os.chmod(temp, 0o700)  # Ray opens its temp folder to everyone (0777); its sockets are in it
     _quiet_data()
     return temp
@@ -111,10 +123,13 @@ def actor_class(ctx: Context, threads: int) -> type:
 
             entries = [Entry(*json.loads(str(row))) for row in batch["row"]]
             finished, rows = pool_window(entries, self.ctx)
-            return {"lines": [json.dumps(f.lines, ensure_ascii=False) for f in finished],
-                    "task": [f.task or "" for f in finished], "wall_s": [float(f.wall_s) for f in finished],
-                    # the run-log rows ride with the first job's lines
-                    "rows": [json.dumps(rows, default=str) if k == 0 else "[]" for k in range(len(finished))]}
+            return {
+                "lines": [json.dumps(f.lines, ensure_ascii=False) for f in finished],
+                "task": [f.task or "" for f in finished],
+                "wall_s": [float(f.wall_s) for f in finished],
+                # the run-log rows ride with the first job's lines
+                "rows": [json.dumps(rows, default=str) if k == 0 else "[]" for k in range(len(finished))],
+            }
 
     return BatchActor
 
@@ -139,8 +154,17 @@ def stage(entries: Iterable[Entry], folder: Path, batch_id: str, *, by_length: b
     return path, n
 
 
-def run_ray(entries: Iterable[Entry], ctx: Context, write, *, log, address: str | None, actors: int,
-            output: str, batch_size: int) -> None:
+def run_ray(
+    entries: Iterable[Entry],
+    ctx: Context,
+    write,
+    *,
+    log,
+    address: str | None,
+    actors: int,
+    output: str,
+    batch_size: int,
+) -> None:
     """Run the entries on Ray; ``write(finished)`` gets each finished job's lines, once per id."""
     temp = None
     ray = _import_ray()
@@ -169,9 +193,16 @@ def _pipeline(ray, staged: Path, ctx: Context, write, log, actors: int, batch_si
     env = {k: os.environ[k] for k in FORWARD_ENV if k in os.environ}
     # Reading the staged rows is light: it must not wait for a CPU the actors hold.
     ds = ray.data.read_json(str(staged), lines=True, num_cpus=0)
-    ds = ds.map_batches(actor_class(ctx, per_actor), batch_size=batch_size, batch_format="numpy",
-                        compute=ActorPoolStrategy(size=actors), num_cpus=per_actor,
-                        max_restarts=-1, max_task_retries=MAX_TASK_RETRIES, runtime_env={"env_vars": env})
+    ds = ds.map_batches(
+        actor_class(ctx, per_actor),
+        batch_size=batch_size,
+        batch_format="numpy",
+        compute=ActorPoolStrategy(size=actors),
+        num_cpus=per_actor,
+        max_restarts=-1,
+        max_task_retries=MAX_TASK_RETRIES,
+        runtime_env={"env_vars": env},
+    )
     written: set[str] = set()
     for row in ds.iter_rows():
         for r in json.loads(row["rows"]):

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
+
 from taskrun.runner.batch.journal import Journal
 from taskrun.runner.batch.progress import Progress, Tally, summary_row, summary_text
 from taskrun.runner.batch.source import OPENAI, open_input
@@ -64,17 +65,28 @@ def run_batch(req: Request, *, workers_of: Callable[[str, dict], int]) -> Outcom
         raise TaskError("-O sets taskrun job options; OpenAI requests carry theirs in their bodies")
     workers = workers_of(req.workers, scan.tasks) if req.engine == "local" else 1
     log = RunLog(req.log_db)
-    ctx = Context(batch_id=new_id(), device=req.device, dtype=req.dtype, offline=req.offline,
-                  out_dir=req.out_dir, model=req.model, runtime=req.runtime, options=req.options,
-                  chunk=req.chunk)
+    ctx = Context(
+        batch_id=new_id(),
+        device=req.device,
+        dtype=req.dtype,
+        offline=req.offline,
+        out_dir=req.out_dir,
+        model=req.model,
+        runtime=req.runtime,
+        options=req.options,
+        chunk=req.chunk,
+    )
     with Journal(req.output, flavour=scan.flavour, restart=req.restart, retry_failed=req.retry_failed) as journal:
         done = journal.done
         skipped = len(scan.ids & done.keys())
         earlier_failed = sum(1 for i in scan.ids if done.get(i) is False)
         scan.ids = set()
         if journal.dropped_bytes and not req.quiet:
-            click.echo(f"resuming: cut a torn last line ({journal.dropped_bytes} bytes) from {req.output}; "
-                       f"its item runs again", err=True)
+            click.echo(
+                f"resuming: cut a torn last line ({journal.dropped_bytes} bytes) from {req.output}; "
+                f"its item runs again",
+                err=True,
+            )
         tally = Tally(total=scan.total - skipped, skipped=skipped)
         progress = Progress(tally, quiet=req.quiet)
 
@@ -105,8 +117,9 @@ def _engine(req: Request, pending, ctx: Context, write, log, workers: int, tasks
         # A Ray batch is what one actor call runs: a job's worth for batched tasks; one item for
         # the others, so items spread over the actors and each line is written as it is done.
         size = req.chunk if set(tasks) <= BATCHED else 1
-        run_ray(pending, ctx, write, log=log, address=req.ray_address, actors=req.actors,
-                output=req.output, batch_size=size)
+        run_ray(
+            pending, ctx, write, log=log, address=req.ray_address, actors=req.actors, output=req.output, batch_size=size
+        )
     else:
         from taskrun.runner.batch.local import run_local
 

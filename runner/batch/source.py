@@ -74,8 +74,10 @@ class JsonlInput:
     def __init__(self, path: str) -> None:
         self.path = Path(path)
         if not self.path.is_file():
-            raise TaskError(f"{path}: no such file; `run batch` takes a JSONL file, or a task and "
-                            f"folders: run batch transcribe recordings/ -o out.jsonl")
+            raise TaskError(
+                f"{path}: no such file; `run batch` takes a JSONL file, or a task and "
+                f"folders: run batch transcribe recordings/ -o out.jsonl"
+            )
 
     def _objects(self) -> Iterator[tuple[int, dict]]:
         with open(self.path, encoding="utf-8-sig") as f:
@@ -85,8 +87,9 @@ class JsonlInput:
                 try:
                     obj = json.loads(raw)
                 except json.JSONDecodeError as exc:
-                    raise TaskError(f"{self.path} line {n} is not JSON ({exc.msg}, column {exc.colno}); "
-                                    f"fix or remove that line") from None
+                    raise TaskError(
+                        f"{self.path} line {n} is not JSON ({exc.msg}, column {exc.colno}); fix or remove that line"
+                    ) from None
                 if not isinstance(obj, dict):
                     raise TaskError(f"{self.path} line {n} is not a JSON object; each line is one job")
                 yield n, obj
@@ -96,22 +99,28 @@ class JsonlInput:
         for n, obj in self._objects():
             flavour = flavour_of(obj)
             if flavour is None:
-                raise TaskError(f"{self.path} line {n} is neither an OpenAI Batch request "
-                                f'({{"custom_id", "method", "url", "body"}}) nor a taskrun job '
-                                f'({{"id", "task", "input", "options", "model"}})')
+                raise TaskError(
+                    f"{self.path} line {n} is neither an OpenAI Batch request "
+                    f'({{"custom_id", "method", "url", "body"}}) nor a taskrun job '
+                    f'({{"id", "task", "input", "options", "model"}})'
+                )
             if first is None:
                 first = (n, flavour)
             elif flavour != first[1]:
-                raise TaskError(f"{self.path} line {n} is {_named(flavour)} but line {first[0]} is "
-                                f"{_named(first[1])}; one file holds one format: split it in two")
+                raise TaskError(
+                    f"{self.path} line {n} is {_named(flavour)} but line {first[0]} is "
+                    f"{_named(first[1])}; one file holds one format: split it in two"
+                )
             yield Entry(n, self._id(n, obj, flavour), flavour, obj)
 
     def _id(self, n: int, obj: dict, flavour: str) -> str:
         if flavour == OPENAI:
             cid = obj.get("custom_id")
             if not isinstance(cid, str) or not cid:
-                raise TaskError(f"{self.path} line {n} has no custom_id; every OpenAI Batch request "
-                                f'needs a unique "custom_id" string')
+                raise TaskError(
+                    f"{self.path} line {n} has no custom_id; every OpenAI Batch request "
+                    f'needs a unique "custom_id" string'
+                )
             return cid
         given = obj.get("id")
         if given is None:
@@ -127,8 +136,10 @@ class JsonlInput:
         flavour = None
         for e in self.entries():
             if e.id in seen:
-                raise TaskError(f"id {e.id!r} is on line {seen[e.id]} and line {e.n} of {self.path}; "
-                                f"ids must be unique (they key the output and the resume)")
+                raise TaskError(
+                    f"id {e.id!r} is on line {seen[e.id]} and line {e.n} of {self.path}; "
+                    f"ids must be unique (they key the output and the resume)"
+                )
             seen[e.id] = e.n
             flavour, task = e.flavour, task_of(e) or "?"
             tasks[task] = tasks.get(task, 0) + 1
@@ -158,8 +169,11 @@ class FilesInput:
         for arg in self.paths:
             p = Path(arg)
             if p.is_dir():
-                found = [f for f in sorted(p.rglob("*")) if f.is_file() and not f.name.startswith(".")
-                         and f.stat().st_size and sniff(f) in self.kinds]
+                found = [
+                    f
+                    for f in sorted(p.rglob("*"))
+                    if f.is_file() and not f.name.startswith(".") and f.stat().st_size and sniff(f) in self.kinds
+                ]
                 if not found:
                     raise TaskError(f"{arg} holds no {' or '.join(self.kinds)} files for {self.task.name}")
                 yield from ((f.relative_to(p).as_posix(), f) for f in found)
@@ -188,8 +202,10 @@ class FilesInput:
         seen: dict[str, int] = {}
         for e in self.entries():
             if e.id in seen:
-                raise TaskError(f"two inputs have the id {e.id!r} (items {seen[e.id]} and {e.n}): "
-                                f"files of two folders share a relative path; give one common folder")
+                raise TaskError(
+                    f"two inputs have the id {e.id!r} (items {seen[e.id]} and {e.n}): "
+                    f"files of two folders share a relative path; give one common folder"
+                )
             seen[e.id] = e.n
         if not seen:
             raise TaskError(f"no inputs for {self.task.name} in {', '.join(self.paths)}")
@@ -204,20 +220,23 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
                 if line.strip():
                     yield k, line.strip()
     except UnicodeDecodeError as exc:
-        raise TaskError(f"{path} is not UTF-8 text (byte {exc.start}); convert it, e.g. "
-                        f"`iconv -f latin1 -t utf-8 {path}`") from None
+        raise TaskError(
+            f"{path} is not UTF-8 text (byte {exc.start}); convert it, e.g. `iconv -f latin1 -t utf-8 {path}`"
+        ) from None
 
 
 def open_input(args: tuple[str, ...]) -> JsonlInput | FilesInput:
     """``INPUT.jsonl`` alone, or ``TASK PATH...``."""
     if not args:
-        raise TaskError("name the input: run batch INPUT.jsonl -o OUT.jsonl, or "
-                        "run batch TASK FOLDER_OR_GLOB... -o OUT.jsonl")
+        raise TaskError(
+            "name the input: run batch INPUT.jsonl -o OUT.jsonl, or run batch TASK FOLDER_OR_GLOB... -o OUT.jsonl"
+        )
     if args[0] in REGISTRY and (len(args) > 1 or not Path(args[0]).is_file()):
         if len(args) == 1:
             raise TaskError(f"name the files for {args[0]}: run batch {args[0]} FOLDER_OR_GLOB... -o OUT.jsonl")
         return FilesInput(args[0], args[1:])
     if len(args) > 1:
-        raise TaskError(f"{args[0]} is not a task; give one JSONL file, or a task and folders "
-                        f"(tasks: {', '.join(REGISTRY)})")
+        raise TaskError(
+            f"{args[0]} is not a task; give one JSONL file, or a task and folders (tasks: {', '.join(REGISTRY)})"
+        )
     return JsonlInput(args[0])

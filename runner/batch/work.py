@@ -61,8 +61,11 @@ class Finished:
     wall_s: float = 0.0  # the job's wall time (0 when no job ran)
 
     def failed(self) -> int:
-        return sum(1 for x in self.lines if x.get("status") == "failed"
-                   or (x.get("response") or {}).get("status_code", 200) != 200)
+        return sum(
+            1
+            for x in self.lines
+            if x.get("status") == "failed" or (x.get("response") or {}).get("status_code", 200) != 200
+        )
 
 
 @dataclass
@@ -136,8 +139,11 @@ def _openai_spec(line: dict, ctx: Context, uploads):
         raise invalid("method", f'"method" must be "POST" (got {json.dumps(line.get("method"))})')
     url, body = line.get("url"), line.get("body")
     if not isinstance(url, str) or not isinstance(body, dict):
-        raise APIError(400, 'an OpenAI Batch request needs "url" (e.g. "/v1/embeddings") and a "body" object',
-                       param="url" if not isinstance(url, str) else "body")
+        raise APIError(
+            400,
+            'an OpenAI Batch request needs "url" (e.g. "/v1/embeddings") and a "body" object',
+            param="url" if not isinstance(url, str) else "body",
+        )
     if body.get("stream"):
         raise invalid("stream", 'a batch answers each request whole; drop "stream"')
     if not body.get("model") and ctx.model:
@@ -158,7 +164,7 @@ def plan(prepared: list[Prepared], chunk: int) -> Iterator[list[Prepared]]:
         if step > 1:  # texts of like length in one job: its batches pad less (as one job sorts them)
             items = sorted(items, key=lambda p: sum(len(i.text or "") for i in p.spec.inputs))
         for i in range(0, len(items), step):
-            yield items[i:i + step]
+            yield items[i : i + step]
 
 
 def failed_lines(prepared: list[Prepared]) -> Finished:
@@ -190,9 +196,19 @@ def run_items(items: list[Prepared], ctx: Context, log) -> Finished:
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in spec.options.items()}  # JSON → Options
     rec, job_error = None, None
     try:
-        rec = run_job(task, lambda: inputs, lambda: options_from(task, values), model=spec.model,
-                      runtime=spec.runtime, device=ctx.device, dtype=ctx.dtype, offline=ctx.offline,
-                      log=tap, on_event=on_event, chain_id=ctx.batch_id)
+        rec = run_job(
+            task,
+            lambda: inputs,
+            lambda: options_from(task, values),
+            model=spec.model,
+            runtime=spec.runtime,
+            device=ctx.device,
+            dtype=ctx.dtype,
+            offline=ctx.offline,
+            log=tap,
+            on_event=on_event,
+            chain_id=ctx.batch_id,
+        )
     except TaskError as exc:
         job_error = Failure.of(exc)
     except Exception as exc:
@@ -206,8 +222,16 @@ def run_items(items: list[Prepared], ctx: Context, log) -> Finished:
     return Finished(lines, spec.task, wall)
 
 
-def _item_line(p: Prepared, rec, lo: int, hi: int, errors: dict[int, str], job_error: Failure | None,
-               row: dict | None, ctx: Context) -> dict:
+def _item_line(
+    p: Prepared,
+    rec,
+    lo: int,
+    hi: int,
+    errors: dict[int, str],
+    job_error: Failure | None,
+    row: dict | None,
+    ctx: Context,
+) -> dict:
     mine = [errors[i] for i in range(lo, hi) if i in errors]
     if mine:
         return _line(p, rec, Failure("; ".join(mine)), row, None)
@@ -255,14 +279,14 @@ def _line(p: Prepared, rec, failure: Failure | None, row: dict | None, sub, ctx:
     task = p.spec.task if p.spec is not None else str(p.entry.line.get("task") or "?")
     if failure is not None:
         metrics = rec.metrics_dict() if rec is not None else None
-        return native_line(p.entry.id, task, failure=failure, metrics=metrics, model=model_of(rec, row),
-                           run_id=run_id)
+        return native_line(p.entry.id, task, failure=failure, metrics=metrics, model=model_of(rec, row), run_id=run_id)
     files = _files(p, sub, ctx)
     results = sub.results
     result = results if isinstance(p.entry.line.get("input"), list) else results[0]
     metrics = {**rec.metrics_dict(), "job_items": rec.n_inputs}
-    return native_line(p.entry.id, task, result=result, metrics=metrics, model=model_of(rec, row),
-                       run_id=run_id, files=files)
+    return native_line(
+        p.entry.id, task, result=result, metrics=metrics, model=model_of(rec, row), run_id=run_id, files=files
+    )
 
 
 def _files(p: Prepared, sub, ctx: Context) -> list[str]:

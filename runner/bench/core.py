@@ -32,9 +32,10 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from taskrun.runner.bench.host import host
 
@@ -73,12 +74,21 @@ class Measured:
     def summary(self, units: float, unit: str) -> dict:
         med = statistics.median(self.runs_s) if self.runs_s else self.cold_s
         lo, hi = (min(self.runs_s), max(self.runs_s)) if self.runs_s else (med, med)
-        return {"name": self.name, "role": self.role, "note": self.note,
-                "load_s": round(self.load_s, 4), "cold_s": round(self.cold_s, 4),
-                "warm": {"median_s": round(med, 4), "min_s": round(lo, 4), "max_s": round(hi, 4),
-                         "spread": round((hi - lo) / med, 4) if med else 0.0,
-                         "runs_s": [round(t, 4) for t in self.runs_s]},
-                f"{unit}_per_s": round(units / med, 3) if med else None}
+        return {
+            "name": self.name,
+            "role": self.role,
+            "note": self.note,
+            "load_s": round(self.load_s, 4),
+            "cold_s": round(self.cold_s, 4),
+            "warm": {
+                "median_s": round(med, 4),
+                "min_s": round(lo, 4),
+                "max_s": round(hi, 4),
+                "spread": round((hi - lo) / med, 4) if med else 0.0,
+                "runs_s": [round(t, 4) for t in self.runs_s],
+            },
+            f"{unit}_per_s": round(units / med, 3) if med else None,
+        }
 
 
 def order_of(names: list[str], rounds: int) -> list[list[str]]:
@@ -86,11 +96,16 @@ def order_of(names: list[str], rounds: int) -> list[list[str]]:
     return [list(names) if r % 2 == 0 else list(reversed(names)) for r in range(rounds)]
 
 
-def measure(contenders: list[Contender], rounds: int, warmup: int = 1,
-            clock: Callable[[], float] = time.perf_counter,
-            on_run: Callable[[str, int, float], None] | None = None,
-            isolate: bool = False, timeout: float | None = None,
-            keep_going: bool = False) -> tuple[list[Measured], list[str]]:
+def measure(
+    contenders: list[Contender],
+    rounds: int,
+    warmup: int = 1,
+    clock: Callable[[], float] = time.perf_counter,
+    on_run: Callable[[str, int, float], None] | None = None,
+    isolate: bool = False,
+    timeout: float | None = None,
+    keep_going: bool = False,
+) -> tuple[list[Measured], list[str]]:
     """Load each contender and time its first (cold) call, then ``warmup`` untimed calls, then
     ``rounds`` interleaved timed rounds. Returns the measurements and the order things ran in
     ("load:NAME", "cold:NAME", "warmup:NAME", "round1:NAME", ...), which the JSON keeps.
@@ -189,13 +204,13 @@ def _serve(conn, payload: bytes, clock: Callable[[], float]) -> None:
             conn.send(("ok", dt, out if keep else None))
     except EOFError:  # the parent is gone
         pass
-    except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent, then the worker ends
+    except BaseException as exc:
         from taskrun.tasks.base import TaskError
 
         said = str(exc) if isinstance(exc, TaskError) else f"{type(exc).__name__}: {exc}"
         try:
             conn.send(("task-error" if isinstance(exc, TaskError) else "error", said, traceback.format_exc()))
-        except Exception:  # noqa: BLE001 - the pipe is gone or the error does not pickle
+        except Exception:
             pass
     finally:
         conn.close()
@@ -205,8 +220,7 @@ class _Workers:
     """One fresh (spawned) process per contender, all started before any of them loads; each
     loads only when its turn comes."""
 
-    def __init__(self, contenders: list[Contender], clock: Callable[[], float],
-                 timeout: float | None = None) -> None:
+    def __init__(self, contenders: list[Contender], clock: Callable[[], float], timeout: float | None = None) -> None:
         import multiprocessing
 
         import cloudpickle
@@ -217,8 +231,7 @@ class _Workers:
             for c in contenders:
                 parent, child = ctx.Pipe()
                 self.conns[c.name] = parent
-                p = ctx.Process(target=_serve, args=(child, cloudpickle.dumps(c.load), clock),
-                                name=f"bench:{c.name}")
+                p = ctx.Process(target=_serve, args=(child, cloudpickle.dumps(c.load), clock), name=f"bench:{c.name}")
                 p.start()
                 child.close()
                 self.procs[c.name] = p
@@ -241,8 +254,10 @@ class _Workers:
             if self.timeout is not None and not conn.poll(self.timeout):
                 self._kill(name)
                 what = "load" if msg == "load" else "run"
-                raise ContenderFailed(f"{name}: its {what} gave no answer in {self.timeout:g} s and its worker "
-                                      f"was stopped (--timeout raises the limit)")
+                raise ContenderFailed(
+                    f"{name}: its {what} gave no answer in {self.timeout:g} s and its worker "
+                    f"was stopped (--timeout raises the limit)"
+                )
             status, value, extra = conn.recv()
         except (EOFError, BrokenPipeError, ConnectionResetError):
             raise ContenderFailed(f"{name}: its worker process died (killed, or out of memory?)") from None
@@ -266,7 +281,7 @@ class _Workers:
         p.kill()
         p.join()
 
-    def __enter__(self) -> "_Workers":
+    def __enter__(self) -> _Workers:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -288,8 +303,7 @@ class _Workers:
 def busy_neighbours(n: int):
     """``n`` processes spinning on the CPU for the duration: the shared machine, on purpose (a
     spinning OpenMP pool that wins on a quiet machine can collapse beside one busy process)."""
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL)
-             for _ in range(n)]
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL) for _ in range(n)]
     try:
         yield procs
     finally:
@@ -313,9 +327,20 @@ def ratios(rows: list[dict], unit: str) -> dict:
     return {f"{a['name']} / {b['name']}": round(a[key] / b[key], 3) for a in ours for b in refs}
 
 
-def report(task: str, model: str, rounds: int, units: float, unit: str, measured: list[Measured],
-           skipped: list[Skipped], trace: list[str], quality: dict | None = None,
-           isolated: bool = False, busy: int = 0, host_facts: dict | None = None) -> dict:
+def report(
+    task: str,
+    model: str,
+    rounds: int,
+    units: float,
+    unit: str,
+    measured: list[Measured],
+    skipped: list[Skipped],
+    trace: list[str],
+    quality: dict | None = None,
+    isolated: bool = False,
+    busy: int = 0,
+    host_facts: dict | None = None,
+) -> dict:
     """The JSON result of one bench run. ``isolated``: each contender ran in its own process;
     ``busy``: that many spinning neighbour processes ran beside it. A contender that failed is
     listed under ``failed`` with its reason, not among the measured ones. ``host_facts``: what
@@ -328,8 +353,17 @@ def report(task: str, model: str, rounds: int, units: float, unit: str, measured
             row["quality"] = quality[row["name"]]
         if ran.get(row["name"]):
             row["ran"] = ran[row["name"]]
-    return {"task": task, "model": model, "rounds": rounds, "unit": unit, "units_per_run": units,
-            "contenders": rows, "skipped": [{"name": s.name, "reason": s.reason} for s in skipped],
-            "failed": [{"name": m.name, "role": m.role, "reason": m.failed} for m in measured if m.failed],
-            "ratios": ratios(rows, unit), "order": trace, "isolated": isolated,
-            "host": (host_facts or host()) | {"busy_neighbours": busy}}
+    return {
+        "task": task,
+        "model": model,
+        "rounds": rounds,
+        "unit": unit,
+        "units_per_run": units,
+        "contenders": rows,
+        "skipped": [{"name": s.name, "reason": s.reason} for s in skipped],
+        "failed": [{"name": m.name, "role": m.role, "reason": m.failed} for m in measured if m.failed],
+        "ratios": ratios(rows, unit),
+        "order": trace,
+        "isolated": isolated,
+        "host": (host_facts or host()) | {"busy_neighbours": busy},
+    }

@@ -85,8 +85,13 @@ def host(bandwidth: bool = False) -> dict:
     except AttributeError:
         cpus = os.cpu_count() or 1
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    facts = {"machine": platform.machine(), "processor": platform.processor() or None, "cpus": cpus,
-             "load_average_1min": None if load is None else round(load, 2), "python": platform.python_version()}
+    facts = {
+        "machine": platform.machine(),
+        "processor": platform.processor() or None,
+        "cpus": cpus,
+        "load_average_1min": None if load is None else round(load, 2),
+        "python": platform.python_version(),
+    }
     facts |= cpu_facts()
     if bandwidth:
         facts["memory_bandwidth_gbs"] = memory_bandwidth_gbs()

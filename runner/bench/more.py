@@ -1,6 +1,6 @@
 """`run bench generate` and `run bench image`: taskrun against plain transformers ``generate`` and
 llama.cpp (llama-cpp-python, where it imports), and against a plain diffusers loop, on the same
-weights. The timing is runner/bench/core.py's; see runner/bench/suites.py for the other tasks."""
+weights. The timing is runner/bench/core.py's; see runner/bench/suites.py, embed.py and classify.py for the other tasks."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ from taskrun.runner.bench.core import Contender, Skipped
 from taskrun.runner.bench.suites import Suite, missing, pick, taskrun_job, with_env
 from taskrun.tasks.base import Input
 
-PROMPT = ("Write a short story about a young astronomer named Mira who builds her own telescope from "
-          "a cardboard tube and two old lenses.")
+PROMPT = (
+    "Write a short story about a young astronomer named Mira who builds her own telescope from "
+    "a cardboard tube and two old lenses."
+)
 
 
 def generate(model: str | None, against: tuple[str, ...], data: list[Path], quick: bool) -> Suite:
@@ -25,28 +27,44 @@ def generate(model: str | None, against: tuple[str, ...], data: list[Path], quic
     n = 32 if quick else 128
     prompt = Path(data[0]).read_text() if data else PROMPT
     options = {"max_tokens": n, "temperature": 0.0, "stream": False}
-    suite = Suite("generate", model, "tokens", n,
-                  # every run reads the prompt afresh, as the llama.cpp contender's (reset) does:
-                  # taskrun's prompt cache would answer a repeated prompt from its kept logits
-                  [Contender("taskrun", with_env({"TASKRUN_PROMPT_CACHE": "0"}, taskrun_job(
-                      "generate", [Input("prompt", "text", text=prompt)], options, model)),
-                      "taskrun", f"greedy, {n} tokens")])
+    suite = Suite(
+        "generate",
+        model,
+        "tokens",
+        n,
+        # every run reads the prompt afresh, as the llama.cpp contender's (reset) does:
+        # taskrun's prompt cache would answer a repeated prompt from its kept logits
+        [
+            Contender(
+                "taskrun",
+                with_env(
+                    {"TASKRUN_PROMPT_CACHE": "0"},
+                    taskrun_job("generate", [Input("prompt", "text", text=prompt)], options, model),
+                ),
+                "taskrun",
+                f"greedy, {n} tokens",
+            )
+        ],
+    )
     if pick(against, "transformers"):
         suite.contenders.append(Contender("transformers", _plain(model, prompt, n), note="generate, float32, greedy"))
     if pick(against, "llama.cpp"):
         if missing("llama_cpp"):
-            suite.skipped.append(Skipped("llama.cpp", "llama-cpp-python is not installed "
-                                                      "(pip install llama-cpp-python)"))
+            suite.skipped.append(
+                Skipped("llama.cpp", "llama-cpp-python is not installed (pip install llama-cpp-python)")
+            )
         else:
-            suite.contenders.append(Contender("llama.cpp", _llamacpp(model, prompt, n),
-                                              note="llama-cpp-python create_completion, greedy"))
+            suite.contenders.append(
+                Contender("llama.cpp", _llamacpp(model, prompt, n), note="llama-cpp-python create_completion, greedy")
+            )
     suite.quality = _same_text
     return suite
 
 
 def _chat_ids(tok, prompt: str) -> list[int]:
-    return tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                   tokenize=True, return_dict=True)["input_ids"]
+    return tok.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=True
+    )["input_ids"]
 
 
 def _plain(model: str, prompt: str, n: int):
@@ -60,18 +78,24 @@ def _plain(model: str, prompt: str, n: int):
 
         configure_threads()
         card = resolve(model)
-        folder = ensure_converted(card) if str(card.path).endswith(".gguf") or card.runtime == "llamacpp" \
+        folder = (
+            ensure_converted(card)
+            if str(card.path).endswith(".gguf") or card.runtime == "llamacpp"
             else Path(card.path)
+        )
         net = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
         tok = AutoTokenizer.from_pretrained(folder)
         ids = torch.tensor([_chat_ids(tok, prompt)])
 
         def run():
             with torch.inference_mode():
-                out = net.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                                   do_sample=False)
-            return tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+                out = net.generate(
+                    ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False
+                )
+            return tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+
         return run
+
     return load
 
 
@@ -96,7 +120,9 @@ def _llamacpp(model: str, prompt: str, n: int):
             llm.reset()
             out = llm.create_chat_completion(msgs, max_tokens=n, temperature=0.0)
             return out["choices"][0]["message"]["content"]
+
         return run
+
     return load
 
 
@@ -124,13 +150,21 @@ def image(model: str | None, against: tuple[str, ...], data: list[Path], quick: 
     model = model or "digits-ddpm"
     n, steps = (4, 10) if quick else (10, 25)
     options = {"label": "7", "n": n, "steps": steps, "seed": 42}
-    suite = Suite("image", model, "images", n,
-                  [Contender("taskrun", taskrun_job("image", [], options, model), "taskrun",
-                             f"label 7, {steps} steps")])
+    suite = Suite(
+        "image",
+        model,
+        "images",
+        n,
+        [Contender("taskrun", taskrun_job("image", [], options, model), "taskrun", f"label 7, {steps} steps")],
+    )
     if pick(against, "diffusers"):
         if model != "digits-ddpm" or missing("diffusers"):
-            suite.skipped.append(Skipped("diffusers", "the plain diffusers loop here is written for digits-ddpm "
-                                                      "(and needs diffusers installed)"))
+            suite.skipped.append(
+                Skipped(
+                    "diffusers",
+                    "the plain diffusers loop here is written for digits-ddpm (and needs diffusers installed)",
+                )
+            )
         else:
             suite.contenders.append(Contender("diffusers", _digits(model, n, steps), note="DDIM, float32"))
     return suite
@@ -154,13 +188,16 @@ def _digits(model: str, n: int, steps: int, label: int = 7, seed: int = 42):
 
         def run():
             with torch.inference_mode():
-                x = torch.cat([torch.randn((1, 1, 8, 8), generator=torch.Generator().manual_seed(seed + i))
-                               for i in range(n)])
+                x = torch.cat(
+                    [torch.randn((1, 1, 8, 8), generator=torch.Generator().manual_seed(seed + i)) for i in range(n)]
+                )
                 sched.set_timesteps(steps)
                 y, y0 = torch.full((n,), label), torch.full((n,), null)
                 for t in sched.timesteps:
                     c, u = unet(torch.cat([x, x]), t, class_labels=torch.cat([y, y0])).sample.chunk(2)
                     x = sched.step(u + guidance * (c - u), t, x).prev_sample
                 return ((x / 2 + 0.5).clamp(0, 1).permute(0, 2, 3, 1).numpy() * 255).round().astype(np.uint8)
+
         return run
+
     return load

@@ -1,3 +1,3 @@
 """Chains: several tasks in a row, each stage a logged job (``run``), declared in a TOML chain file
-whose shape ``file`` checks; ``--then`` is a two-stage chain built in code.
+(``file`` reads its shape, ``check`` wires it before weights load); ``--then`` is a chain in code.
 """

@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from taskrun.runner.chains.check import REF, bind_inputs, check_chain
 from taskrun.runner.chains.file import (  # noqa: F401
     CHAIN_DIR,
     INPUT_KINDS,
@@ -46,7 +46,6 @@ from taskrun.runner.chains.file import (  # noqa: F401
     load_chain,
     parse_chain,
 )
-from taskrun.runner.inputs import is_path
 from taskrun.runner.jobs import new_id, run_job
 from taskrun.runner.output.paths import check_writable_folder, confine
 from taskrun.runner.output.terminal import for_terminal
@@ -60,92 +59,6 @@ from taskrun.tasks.base import (
     to_jsonable,
 )
 from taskrun.tasks.inputs import file_input, text_input
-
-_REF = re.compile(r"\{(\w+)\}")
-
-
-# --------------------------------------------------------------------------- checking
-
-
-def check_chain(chain: Chain, values: dict[str, str] | None = None) -> list[Any]:
-    """Check the whole chain before anything loads; return each step's Options.
-
-    ``values`` are the chain's input values (used to fill "{name}" in options); without them
-    only the wiring is checked.
-    """
-    kinds: dict[str, str] = dict(chain.inputs)  # every named value so far → its kind
-    options = []
-    for i, step in enumerate(chain.steps, 1):
-        label = f"step {i} ({step.task})"
-        task = REGISTRY.get(step.task)
-        if task is None:
-            raise TaskError(f"chain {chain.name}: {label} names an unknown task; known tasks: "
-                            f"{', '.join(REGISTRY)}")
-        if (step.input is None) == (step.template is None):
-            raise TaskError(f"chain {chain.name}: {label} needs exactly one of input = \"NAME\" or "
-                            f"template = \"... {{NAME}} ...\"")
-        refs = [step.input] if step.input else _REF.findall(step.template)
-        for ref in refs:
-            if ref not in kinds:
-                raise TaskError(f"chain {chain.name}: {label} reads '{ref}', which no earlier step "
-                                f"outputs and is not a chain input ({', '.join(kinds)})")
-        kind = kinds[step.input] if step.input else "text"
-        if kind == "path" and "text" in task.input_kinds:
-            kind = "text"  # a file named by path is read and sniffed at run time
-        if kind not in task.input_kinds:
-            src = f"'{step.input}'" + (f" ({kind}, from {_producer(chain, step.input)})"
-                                       if step.input else "")
-            raise TaskError(f"chain {chain.name}: {label} takes {task.takes}, but its input {src} "
-                            f"is {kind}; reorder the steps or feed it a {task.input_kinds[0]} value")
-        if step.output:
-            if task.produces is None:
-                raise TaskError(f"chain {chain.name}: {label} declares output '{step.output}', but "
-                                f"{step.task} produces nothing a next step can take; remove the output")
-            if step.output in kinds:
-                raise TaskError(f"chain {chain.name}: {label} output '{step.output}' is already "
-                                f"defined; give it another name")
-            kinds[step.output] = task.produces
-        where = f"chain {chain.name}" + (f" ({for_terminal(chain.path, 200)})" if chain.path else "")
-        opts = _typed_options(task, {k: _fill(v, values) for k, v in step.options.items()}, f"{where}: {label}")
-        try:
-            options.append(make_options(task.Options, opts) if values is not None else None)
-        except TaskError as exc:
-            raise TaskError(f"{where}: {label}: {exc}") from None
-    return options
-
-
-def _producer(chain: Chain, name: str) -> str:
-    for s in chain.steps:
-        if s.output == name:
-            return f"the {s.task} step"
-    return "a chain input"
-
-
-def _fill(value: Any, values: dict[str, str] | None) -> Any:
-    """Replace "{name}" in a string option with the chain input of that name."""
-    if not isinstance(value, str) or values is None:
-        return value
-    def sub(m):
-        if m.group(1) not in values:
-            raise TaskError(f"an option refers to '{{{m.group(1)}}}', which is not a chain input "
-                            f"({', '.join(values)})")
-        return values[m.group(1)]
-    return _REF.sub(sub, value)
-
-
-def bind_inputs(chain: Chain, args: tuple[str, ...]) -> dict[str, str]:
-    names = list(chain.inputs)
-    if len(args) != len(names):
-        usage = " ".join(n.upper() for n in names)
-        raise TaskError(f"chain {chain.name} takes {len(names)} input(s): {usage} (got {len(args)})")
-    values = dict(zip(names, args))
-    for n, v in values.items():
-        if chain.inputs[n] in ("audio", "image", "path") and not is_path(v):
-            raise TaskError(f"chain {chain.name}: input {n.upper()} = {for_terminal(v, 200)}: no such file or folder")
-        if chain.inputs[n] == "text" and not v.strip():
-            raise TaskError(f"chain {chain.name}: input {n.upper()} is empty; give some text")
-    return values
-
 
 # --------------------------------------------------------------------------- running
 
@@ -193,8 +106,13 @@ class ChainRun:
     texts: dict[str, list[str]] = field(default_factory=dict)  # named outputs so far
 
     def to_json(self) -> dict:
-        return {"chain": self.chain.name, "chain_id": self.chain_id, "wall_s": round(self.wall_s, 4),
-                "output_dir": str(self.out_dir), "stages": [r.to_json() for r in self.records]}
+        return {
+            "chain": self.chain.name,
+            "chain_id": self.chain_id,
+            "wall_s": round(self.wall_s, 4),
+            "output_dir": str(self.out_dir),
+            "stages": [r.to_json() for r in self.records],
+        }
 
 
 def then_chain(task: Task, specs: tuple[str, ...], model: str | None = None) -> Chain:
@@ -209,8 +127,10 @@ def then_chain(task: Task, specs: tuple[str, ...], model: str | None = None) -> 
     prev = task
     for nxt in nexts:
         if prev.produces is None or prev.produces not in nxt.input_kinds:
-            raise TaskError(f"{prev.name} cannot feed {nxt.name}: {prev.name} produces "
-                            f"{prev.produces or 'nothing a task takes'}, {nxt.name} takes {nxt.takes}")
+            raise TaskError(
+                f"{prev.name} cannot feed {nxt.name}: {prev.name} produces "
+                f"{prev.produces or 'nothing a task takes'}, {nxt.name} takes {nxt.takes}"
+            )
         prev = nxt
     return Chain(name=" then ".join(s.task for s in steps), description="", inputs={}, steps=steps)
 
@@ -218,11 +138,14 @@ def then_chain(task: Task, specs: tuple[str, ...], model: str | None = None) -> 
 def allow_partial(chain: Chain) -> Chain:
     """``chain`` with --allow-partial given to every step whose task takes it (transcribe: a
     recording cut short), over what the chain file sets."""
+
     def takes(step: Step) -> bool:
         task = REGISTRY.get(step.task)
         return task is not None and any(f.name == "allow_partial" for f in dataclasses.fields(task.Options))
-    steps = [dataclasses.replace(s, options={**s.options, "allow_partial": True}) if takes(s) else s
-             for s in chain.steps]
+
+    steps = [
+        dataclasses.replace(s, options={**s.options, "allow_partial": True}) if takes(s) else s for s in chain.steps
+    ]
     return dataclasses.replace(chain, steps=steps)
 
 
@@ -237,8 +160,17 @@ def partial_steps(run: ChainRun) -> str | None:
     return f"chain {run.chain.name}: {steps} (see the warnings above); pass --allow-partial to accept them"
 
 
-def run_chain(chain: Chain, args: tuple[str, ...], out_dir: Path, *, device="auto", dtype="auto",
-              offline=False, log=None, view: StageView | None = None) -> ChainRun:
+def run_chain(
+    chain: Chain,
+    args: tuple[str, ...],
+    out_dir: Path,
+    *,
+    device="auto",
+    dtype="auto",
+    offline=False,
+    log=None,
+    view: StageView | None = None,
+) -> ChainRun:
     """Check, then run every step as its own job (one run-log row each, linked by chain id),
     writing each step's output and the whole run (chain.json) to ``out_dir``."""
     values = bind_inputs(chain, args)
@@ -247,8 +179,10 @@ def run_chain(chain: Chain, args: tuple[str, ...], out_dir: Path, *, device="aut
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise TaskError(f"cannot make the output folder {for_terminal(str(out_dir), 200)} "
-                        f"({exc.strerror or exc}); pick another with -o") from None
+        raise TaskError(
+            f"cannot make the output folder {for_terminal(str(out_dir), 200)} "
+            f"({exc.strerror or exc}); pick another with -o"
+        ) from None
     check_writable_folder(out_dir, "cannot write the chain's artifacts")
     for i, step in enumerate(chain.steps, 1):  # before any model loads, not after the work
         if step.artifact:
@@ -260,9 +194,17 @@ def run_chain(chain: Chain, args: tuple[str, ...], out_dir: Path, *, device="aut
     return run
 
 
-def run_steps(run: ChainRun, view: StageView, options: list | None = None, *,
-              first: FirstStep | None = None, device="auto", dtype="auto", offline=False,
-              log=None) -> ChainRun:
+def run_steps(
+    run: ChainRun,
+    view: StageView,
+    options: list | None = None,
+    *,
+    first: FirstStep | None = None,
+    device="auto",
+    dtype="auto",
+    offline=False,
+    log=None,
+) -> ChainRun:
     """Run ``run.chain``'s steps in order, each a job of its own (its run-log row carries the
     chain id and its stage number), each fed from the chain's inputs or earlier steps' results.
 
@@ -280,28 +222,42 @@ def run_steps(run: ChainRun, view: StageView, options: list | None = None, *,
         view.begin(i, step)
         printer = view.printer(i, task)
         try:
-            rec = run_job(task, get_inputs, _shown_to(printer, opts), model=step.model, runtime=runtime,
-                          device=device, dtype=dtype, offline=offline, log=log, on_event=printer,
-                          chain_id=run.chain_id, stage=None if run.chain_id is None else i)
+            rec = run_job(
+                task,
+                get_inputs,
+                _shown_to(printer, opts),
+                model=step.model,
+                runtime=runtime,
+                device=device,
+                dtype=dtype,
+                offline=offline,
+                log=log,
+                on_event=printer,
+                chain_id=run.chain_id,
+                stage=None if run.chain_id is None else i,
+            )
         finally:
             if printer is not None:
                 printer.close()
         run.records.append(rec)
         view.done(i, step, rec)
         if not rec.items:
-            raise NothingProduced(f"chain {run.chain.name}: step {i + 1} ({step.task}) produced "
-                                  f"nothing; see its errors above")
+            raise NothingProduced(
+                f"chain {run.chain.name}: step {i + 1} ({step.task}) produced nothing; see its errors above"
+            )
         _keep(run, i, step, task, rec)
     return run
 
 
 def _shown_to(printer: Any, options: Any) -> Callable[[], Any]:
     """The job's Options maker; the printer renders with the Options once they are made."""
+
     def make():
         made = options() if callable(options) else options
         if printer is not None:
             printer.options = made
         return made
+
     return make
 
 
@@ -309,8 +265,10 @@ def _step_inputs(run: ChainRun, i: int, step: Step, task: Task) -> list[Input]:
     if step.input == PREVIOUS:
         return handoff(run.records[-1], task)
     if step.template:
-        text = _REF.sub(lambda m: "\n\n".join(run.texts[m.group(1)]) if m.group(1) in run.texts
-                        else run.values[m.group(1)], step.template)
+        text = REF.sub(
+            lambda m: "\n\n".join(run.texts[m.group(1)]) if m.group(1) in run.texts else run.values[m.group(1)],
+            step.template,
+        )
         return [text_input(text, f"{run.chain.name} step {i + 1}")]
     if step.input in run.texts:
         return [text_input(t, f"{step.input}") for t in run.texts[step.input]]
@@ -322,13 +280,15 @@ def _step_inputs(run: ChainRun, i: int, step: Step, task: Task) -> list[Input]:
 def handoff(rec: Any, nxt: Task) -> list[Input]:
     """A finished job's results as ``nxt``'s inputs: one text per result, in input order."""
     prev = REGISTRY[rec.task]
-    inputs = [Input(source=f"{rec.task} of {it.source}", kind=nxt.input_kinds[0],
-                    text=prev.handoff(it.result))
-              for it in sorted(rec.items, key=lambda x: x.index)]
+    inputs = [
+        Input(source=f"{rec.task} of {it.source}", kind=nxt.input_kinds[0], text=prev.handoff(it.result))
+        for it in sorted(rec.items, key=lambda x: x.index)
+    ]
     empty = [h.source for h in inputs if not (h.text or "").strip()]
     if empty:
-        raise TaskError(f"{rec.task} produced no text to hand to {nxt.name} ({', '.join(empty)}); "
-                        f"nothing to {nxt.name}")
+        raise TaskError(
+            f"{rec.task} produced no text to hand to {nxt.name} ({', '.join(empty)}); nothing to {nxt.name}"
+        )
     return inputs
 
 
@@ -343,8 +303,7 @@ def _keep(run: ChainRun, i: int, step: Step, task: Task, rec: Any) -> None:
     if run.out_dir is None:
         return
     stem = f"{i + 1}-{step.output or step.task}"
-    _artifact(run, run.out_dir / f"{stem}.json",
-                 json.dumps(to_jsonable(rec.to_json()), ensure_ascii=False, indent=1))
+    _artifact(run, run.out_dir / f"{stem}.json", json.dumps(to_jsonable(rec.to_json()), ensure_ascii=False, indent=1))
     if outs is not None:
         where = f"{for_terminal(run.chain.path, 200) or run.chain.name}: step {i + 1} artifact"
         target = confine(run.out_dir, step.artifact, where) if step.artifact else run.out_dir / f"{stem}.txt"
@@ -369,5 +328,7 @@ def _artifact(run: ChainRun, target: Path, text: str) -> None:
         atomic_write(target, text)
     except (OSError, TaskError) as exc:
         why = getattr(exc, "strerror", None) or str(exc)
-        raise TaskError(f"could not write {for_terminal(str(target), 200)} ({why}); the stages that ran "
-                        f"are in the run log (chain id {run.chain_id})") from None
+        raise TaskError(
+            f"could not write {for_terminal(str(target), 200)} ({why}); the stages that ran "
+            f"are in the run log (chain id {run.chain_id})"
+        ) from None

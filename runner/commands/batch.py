@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import click
+
 from taskrun.tasks.base import TaskError
 
 
@@ -37,41 +38,104 @@ def _workers(value: str, tasks: dict[str, int]) -> int:
 
 @click.command("batch")
 @click.argument("inputs", nargs=-1, required=True)
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
-              help="The output JSONL: one line per item, appended as items finish. Rerunning the same "
-                   "command resumes: items already in it are skipped.")
-@click.option("--out-dir", type=click.Path(file_okay=False), help="Write side files here, named by item id: "
-              "an SRT per transcript, the PNGs of image jobs.")
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="The output JSONL: one line per item, appended as items finish. Rerunning the same "
+    "command resumes: items already in it are skipped.",
+)
+@click.option(
+    "--out-dir",
+    type=click.Path(file_okay=False),
+    help="Write side files here, named by item id: an SRT per transcript, the PNGs of image jobs.",
+)
 @click.option("-m", "--model", help="Model for items that name none (default: each task's default).")
 @click.option("--runtime", help="Runtime for items that name none.")
-@click.option("-O", "--option", "options", multiple=True, metavar="NAME=VALUE",
-              help="A task option for every taskrun job or file (a job's own options win), e.g. "
-                   "-O language=en -O batch_size=32. Repeatable.")
+@click.option(
+    "-O",
+    "--option",
+    "options",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="A task option for every taskrun job or file (a job's own options win), e.g. "
+    "-O language=en -O batch_size=32. Repeatable.",
+)
 @click.option("--restart", is_flag=True, help="Empty the output first and run every item again.")
-@click.option("--retry-failed", is_flag=True, help="Drop the failed items' lines from the output and run "
-              "them again (the succeeded ones stay and are skipped).")
-@click.option("--chunk", default=256, show_default=True, type=click.IntRange(1, 100_000),
-              help="Items per job for tasks batched across items (embed, classify, detect, search): "
-                   "at most this many are lost when the process is killed.")
-@click.option("--workers", default="auto", show_default=True,
-              help="Local engine: worker processes. auto: one per core for batches of 4 or more "
-                   "recordings to transcribe (Whisper's decoding leaves cores idle), else 1.")
-@click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
-              help="local: this machine. ray: Ray Data actors (pip install 'taskrun[ray]').")
-@click.option("--ray-address", metavar="ADDR", help="An existing Ray cluster: auto, or HEAD:6379, with this "
-              "command run on one of its nodes; default: a private one-machine cluster started for the "
-              "job, on 127.0.0.1 only.")
-@click.option("--actors", default=1, show_default=True, type=click.IntRange(1, 4096),
-              help="Ray engine: actors, each loading the model once.")
+@click.option(
+    "--retry-failed",
+    is_flag=True,
+    help="Drop the failed items' lines from the output and run them again (the succeeded ones stay and are skipped).",
+)
+@click.option(
+    "--chunk",
+    default=256,
+    show_default=True,
+    type=click.IntRange(1, 100_000),
+    help="Items per job for tasks batched across items (embed, classify, detect, search): "
+    "at most this many are lost when the process is killed.",
+)
+@click.option(
+    "--workers",
+    default="auto",
+    show_default=True,
+    help="Local engine: worker processes. auto: one per core for batches of 4 or more "
+    "recordings to transcribe (Whisper's decoding leaves cores idle), else 1.",
+)
+@click.option(
+    "--engine",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    show_default=True,
+    help="local: this machine. ray: Ray Data actors (pip install 'taskrun[ray]').",
+)
+@click.option(
+    "--ray-address",
+    metavar="ADDR",
+    help="An existing Ray cluster: auto, or HEAD:6379, with this "
+    "command run on one of its nodes; default: a private one-machine cluster started for the "
+    "job, on 127.0.0.1 only.",
+)
+@click.option(
+    "--actors",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 4096),
+    help="Ray engine: actors, each loading the model once.",
+)
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N, mps.")
-@click.option("--dtype", default="auto", show_default=True,
-              type=click.Choice(["auto", "float32", "bfloat16", "float16"]))
+@click.option(
+    "--dtype", default="auto", show_default=True, type=click.Choice(["auto", "float32", "bfloat16", "float16"])
+)
 @click.option("--offline", is_flag=True, help="Never reach the network for models.")
-@click.option("--log-db", type=click.Path(dir_okay=False), envvar="TASKRUN_LOG_DB",
-              help="Run log SQLite file [env TASKRUN_LOG_DB].")
+@click.option(
+    "--log-db",
+    type=click.Path(dir_okay=False),
+    envvar="TASKRUN_LOG_DB",
+    help="Run log SQLite file [env TASKRUN_LOG_DB].",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress; the summary only.")
-def batch_cmd(inputs, output, out_dir, model, runtime, options, restart, retry_failed, chunk, workers,
-              engine, ray_address, actors, device, dtype, offline, log_db, quiet):
+def batch_cmd(
+    inputs,
+    output,
+    out_dir,
+    model,
+    runtime,
+    options,
+    restart,
+    retry_failed,
+    chunk,
+    workers,
+    engine,
+    ray_address,
+    actors,
+    device,
+    dtype,
+    offline,
+    log_db,
+    quiet,
+):
     """Run many jobs from INPUT.jsonl (OpenAI Batch requests or taskrun jobs), or TASK over
     folders, globs and files, into one resumable JSONL.
 
@@ -87,11 +151,28 @@ def batch_cmd(inputs, output, out_dir, model, runtime, options, restart, retry_f
     """
     from taskrun.runner.batch.run import Request, run_batch
 
-    req = Request(inputs=inputs, output=output, out_dir=out_dir, model=model, runtime=runtime,
-                  options=_option_values(options), restart=restart, retry_failed=retry_failed, chunk=chunk,
-                  workers=workers, engine=engine, ray_address=ray_address, actors=actors, device=device,
-                  dtype=dtype, offline=offline, log_db=log_db, quiet=quiet)
+    req = Request(
+        inputs=inputs,
+        output=output,
+        out_dir=out_dir,
+        model=model,
+        runtime=runtime,
+        options=_option_values(options),
+        restart=restart,
+        retry_failed=retry_failed,
+        chunk=chunk,
+        workers=workers,
+        engine=engine,
+        ray_address=ray_address,
+        actors=actors,
+        device=device,
+        dtype=dtype,
+        offline=offline,
+        log_db=log_db,
+        quiet=quiet,
+    )
     outcome = run_batch(req, workers_of=_workers)
     if outcome.failed:
-        raise click.ClickException(f"{outcome.failed} item(s) failed (their lines in {output} say why); "
-                                   f"fix them and rerun with --retry-failed")
+        raise click.ClickException(
+            f"{outcome.failed} item(s) failed (their lines in {output} say why); fix them and rerun with --retry-failed"
+        )

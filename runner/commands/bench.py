@@ -1,6 +1,6 @@
 """`run bench TASK`: taskrun against the engine a user would otherwise pick, measured side by side,
-each in a process of its own (runner/bench/core.py times, runner/bench/suites.py and more.py
-say what).
+each in a process of its own (runner/bench/core.py times; runner/bench/suites.py, embed.py,
+classify.py and more.py say what).
 
     run bench transcribe                      # vs faster-whisper (greedy, beam 5, batched)
     run bench embed --against sentence-transformers --rounds 5
@@ -27,8 +27,8 @@ DEFAULT_TIMEOUT_S = 1800.0  # per load or call: generous for a long file, but ne
 
 SUITES = {
     "transcribe": "taskrun.runner.bench.suites:transcribe",
-    "embed": "taskrun.runner.bench.suites:embed",
-    "classify": "taskrun.runner.bench.suites:classify",
+    "embed": "taskrun.runner.bench.embed:embed",
+    "classify": "taskrun.runner.bench.classify:classify",
     "generate": "taskrun.runner.bench.more:generate",
     "image": "taskrun.runner.bench.more:image",
 }
@@ -43,9 +43,18 @@ def suite_for(task: str, model, against, data, quick):
     return getattr(importlib.import_module(mod), attr)(model, tuple(against), [Path(p) for p in data], quick)
 
 
-def bench(task: str, model: str | None = None, against: tuple[str, ...] = (), rounds: int = 3,
-          data: tuple[str, ...] = (), quick: bool = False, on_run=None, isolate: bool = True,
-          busy: int = 0, timeout: float | None = DEFAULT_TIMEOUT_S) -> dict:
+def bench(
+    task: str,
+    model: str | None = None,
+    against: tuple[str, ...] = (),
+    rounds: int = 3,
+    data: tuple[str, ...] = (),
+    quick: bool = False,
+    on_run=None,
+    isolate: bool = True,
+    busy: int = 0,
+    timeout: float | None = DEFAULT_TIMEOUT_S,
+) -> dict:
     """Build TASK's suite, measure it (cold, one warm-up, ``rounds`` interleaved rounds; each
     contender in a process of its own unless ``isolate`` is false; ``busy`` spinning neighbour
     processes beside it) and return the JSON result (runner/bench/core.py's report, with quality).
@@ -63,12 +72,25 @@ def bench(task: str, model: str | None = None, against: tuple[str, ...] = (), ro
             suite.contenders.remove(c)
             suite.skipped.append(Skipped(c.name, "needs a process of its own (leave out --in-process)"))
     with busy_neighbours(busy):
-        measured, trace = measure(suite.contenders, rounds, on_run=on_run, isolate=isolate, timeout=timeout,
-                                  keep_going=True)
+        measured, trace = measure(
+            suite.contenders, rounds, on_run=on_run, isolate=isolate, timeout=timeout, keep_going=True
+        )
     ran = {m.name: m.output for m in measured if not m.failed}
     quality = suite.quality(ran) if suite.quality and ran else None
-    return report(suite.task, suite.model, rounds, suite.units, suite.unit, measured, suite.skipped, trace, quality,
-                  isolated=isolate, busy=busy, host_facts=facts | {"cpu_steal_pct": steal_pct(ticks, cpu_ticks())})
+    return report(
+        suite.task,
+        suite.model,
+        rounds,
+        suite.units,
+        suite.unit,
+        measured,
+        suite.skipped,
+        trace,
+        quality,
+        isolated=isolate,
+        busy=busy,
+        host_facts=facts | {"cpu_steal_pct": steal_pct(ticks, cpu_ticks())},
+    )
 
 
 def table(result: dict) -> str:
@@ -76,14 +98,18 @@ def table(result: dict) -> str:
     where = "a process each" if result.get("isolated") else "one process"
     if result["host"].get("busy_neighbours"):
         where += f" · {result['host']['busy_neighbours']} busy neighbour(s)"
-    lines = [f"{result['task']} · {result['model']} · {result['units_per_run']} {unit} per run · "
-             f"{result['rounds']} rounds · {where} · {result['host']['cpus']} CPUs "
-             f"(load {result['host']['load_average_1min']})" + _machine(result["host"]),
-             f"{'contender':<26}{'cold s':>9}{'warm s':>9}{'spread':>8}{unit + '/s':>13}  quality / how"]
+    lines = [
+        f"{result['task']} · {result['model']} · {result['units_per_run']} {unit} per run · "
+        f"{result['rounds']} rounds · {where} · {result['host']['cpus']} CPUs "
+        f"(load {result['host']['load_average_1min']})" + _machine(result["host"]),
+        f"{'contender':<26}{'cold s':>9}{'warm s':>9}{'spread':>8}{unit + '/s':>13}  quality / how",
+    ]
     for r in result["contenders"]:
         q = " ".join(f"{k}={v}" for k, v in (r.get("quality") or {}).items())
-        lines.append(f"{r['name']:<26}{r['cold_s']:>9.3f}{r['warm']['median_s']:>9.3f}"
-                     f"{r['warm']['spread']:>8.1%}{r[unit + '_per_s'] or 0:>13.2f}  {q or r['note']}")
+        lines.append(
+            f"{r['name']:<26}{r['cold_s']:>9.3f}{r['warm']['median_s']:>9.3f}"
+            f"{r['warm']['spread']:>8.1%}{r[unit + '_per_s'] or 0:>13.2f}  {q or r['note']}"
+        )
     for r in result["contenders"]:
         for note in r.get("ran", ()):
             lines.append(f"ran: {r['name']}: {note}")
@@ -95,8 +121,10 @@ def table(result: dict) -> str:
         lines.append(f"ratio {k}: {v}x")
     stolen = result["host"].get("cpu_steal_pct")
     if stolen is not None and stolen >= NOISY_STEAL_PCT:
-        lines.append(f"noisy host: the hypervisor took {stolen}% of this VM's CPU time during the run, "
-                     f"and unevenly: the ratios may be off by more than the spreads show; rerun when it is quieter")
+        lines.append(
+            f"noisy host: the hypervisor took {stolen}% of this VM's CPU time during the run, "
+            f"and unevenly: the ratios may be off by more than the spreads show; rerun when it is quieter"
+        )
     return "\n".join(lines)
 
 
@@ -115,24 +143,53 @@ def _machine(facts: dict) -> str:
 
 @click.command("bench")
 @click.argument("task", type=click.Choice(sorted(SUITES)))
-@click.option("--against", multiple=True, metavar="REF",
-              help="Only these references (repeatable; a part of the name is enough): faster-whisper, "
-                   "sentence-transformers, onnxruntime, torch loop, transformers, llama.cpp, diffusers.")
+@click.option(
+    "--against",
+    multiple=True,
+    metavar="REF",
+    help="Only these references (repeatable; a part of the name is enough): faster-whisper, "
+    "sentence-transformers, onnxruntime, torch loop, transformers, llama.cpp, diffusers.",
+)
 @click.option("--model", "model", help="The model to measure (default: the task's default).")
-@click.option("--rounds", default=3, show_default=True, type=click.IntRange(min=1),
-              help="Timed rounds after the warm-up; contenders alternate order each round.")
-@click.option("--input", "data", multiple=True, type=click.Path(exists=True, dir_okay=False),
-              help="Data to measure on instead of the samples (audio files, photos, a text file of lines).")
+@click.option(
+    "--rounds",
+    default=3,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Timed rounds after the warm-up; contenders alternate order each round.",
+)
+@click.option(
+    "--input",
+    "data",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Data to measure on instead of the samples (audio files, photos, a text file of lines).",
+)
 @click.option("--quick", is_flag=True, help="Less data per run (a smoke run).")
-@click.option("--in-process", "in_process", is_flag=True,
-              help="Run every contender in this one process instead of a process each (libraries that "
-                   "share a process can slow each other: see the README's Performance section).")
-@click.option("--busy", default=0, show_default=True, type=click.IntRange(min=0), metavar="N",
-              help="Run N processes spinning on the CPU beside the benchmark: how each contender fares on "
-                   "a shared machine.")
-@click.option("--timeout", default=DEFAULT_TIMEOUT_S, show_default=True, type=click.FloatRange(min=0), metavar="S",
-              help="The most seconds a contender's load or one run may take before its process is stopped "
-                   "and it is reported as failed (0: no limit; not enforced with --in-process).")
+@click.option(
+    "--in-process",
+    "in_process",
+    is_flag=True,
+    help="Run every contender in this one process instead of a process each (libraries that "
+    "share a process can slow each other: see the README's Performance section).",
+)
+@click.option(
+    "--busy",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    metavar="N",
+    help="Run N processes spinning on the CPU beside the benchmark: how each contender fares on a shared machine.",
+)
+@click.option(
+    "--timeout",
+    default=DEFAULT_TIMEOUT_S,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    metavar="S",
+    help="The most seconds a contender's load or one run may take before its process is stopped "
+    "and it is reported as failed (0: no limit; not enforced with --in-process).",
+)
 @click.option("--json", "json_mode", is_flag=True, help="Print the result as one JSON object.")
 @click.option("--output", "-o", type=click.Path(dir_okay=False), help="Also write the JSON result here.")
 def bench_cmd(task, against, model, rounds, data, quick, in_process, busy, timeout, json_mode, output):
@@ -144,12 +201,23 @@ def bench_cmd(task, against, model, rounds, data, quick, in_process, busy, timeo
     reference's. A contender that fails or passes --timeout drops out, the others finish, and the
     command exits with status 1.
     """
+
     def progress(name, r, dt):
         if not json_mode:
             click.echo(f"  round {r}: {name} {dt:.3f} s", err=True)
 
-    result = bench(task, model, against, rounds, data, quick, on_run=progress, isolate=not in_process,
-                   busy=busy, timeout=timeout or None)
+    result = bench(
+        task,
+        model,
+        against,
+        rounds,
+        data,
+        quick,
+        on_run=progress,
+        isolate=not in_process,
+        busy=busy,
+        timeout=timeout or None,
+    )
     if output:
         from taskrun.tasks.base import atomic_write
 

@@ -24,7 +24,11 @@ KINDS = [
     ("converted/*", "ct2", "a CTranslate2 Whisper model converted to transformers"),  # pipelines/speech/ct2_convert.py
     ("onnx-vision/*", "onnx", "an image classifier exported to ONNX for ONNX Runtime"),  # vision/efficientnet_ort.py
     ("onnx-text/*", "onnx", "a text encoder exported to ONNX for ONNX Runtime"),  # pipelines/text/onnx_export.py
-    ("llamacpp/*", "llamacpp", "a float16 copy of a small GGUF that llama.cpp reads prompts with"),  # llamacpp_native.py
+    (
+        "llamacpp/*",
+        "llamacpp",
+        "a float16 copy of a small GGUF that llama.cpp reads prompts with",
+    ),  # llamacpp_native.py
     ("joined/*", "joined", "a model joined from its split weight packages"),  # models/resolve.py
     ("search-index.sqlite*", "search", "search: corpus chunks and their vectors"),  # pipelines/text/search.py
     ("digests.json", "digests", "sha256 digests of model files"),  # models/digest.py
@@ -68,8 +72,9 @@ def entries(root: Path) -> list[Entry]:
 
 def _entry(root: Path, p: Path) -> Entry:
     name = p.relative_to(root).as_posix()
-    kind, what = next(((k, w) for pat, k, w in KINDS if fnmatch(name, pat)),
-                      ("other", "not written by this version of taskrun"))
+    kind, what = next(
+        ((k, w) for pat, k, w in KINDS if fnmatch(name, pat)), ("other", "not written by this version of taskrun")
+    )
     if ".tmp-" in p.name:
         what = "an unfinished conversion left by a stopped run"
     size, newest = _measure(p)
@@ -153,8 +158,12 @@ def size_cmd(json_mode):
 @cache_cmd.command("prune")
 @click.argument("names", nargs=-1, metavar="[ENTRY]...")
 @click.option("--all", "everything", is_flag=True, help="Remove every entry taskrun wrote.")
-@click.option("--older-than", type=click.FloatRange(min=0), metavar="DAYS",
-              help="Remove entries taskrun wrote that were not written for DAYS days.")
+@click.option(
+    "--older-than",
+    type=click.FloatRange(min=0),
+    metavar="DAYS",
+    help="Remove entries taskrun wrote that were not written for DAYS days.",
+)
 @click.option("--dry-run", is_flag=True, help="List what would be removed; remove nothing.")
 @click.option("--json", "json_mode", is_flag=True, help="One JSON object on stdout.")
 def prune_cmd(names, everything, older_than, dry_run, json_mode):
@@ -170,8 +179,11 @@ def prune_cmd(names, everything, older_than, dry_run, json_mode):
         raise click.UsageError(f"no cache entry {', '.join(unknown)}; `run cache list` shows the names")
     cutoff = time.time() - older_than * 86400 if older_than is not None else None
     named = {n.rstrip("/") for n in names}
-    chosen = [e for e in found if e.name in named or e.kind != "other"
-              and (everything or cutoff is not None and e.modified < cutoff)]
+    chosen = [
+        e
+        for e in found
+        if e.name in named or e.kind != "other" and (everything or cutoff is not None and e.modified < cutoff)
+    ]
     removed, failed = [], []
     for e in chosen:
         try:
@@ -198,8 +210,11 @@ def _remove(p: Path) -> None:
 def _report(removed: list[Entry], failed: list[str], dry_run: bool, json_mode: bool) -> None:
     freed = sum(e.bytes for e in removed)
     if json_mode:
-        click.echo(json.dumps({"removed": [e.name for e in removed], "freed_bytes": freed,
-                               "dry_run": dry_run, "failed": failed}))
+        click.echo(
+            json.dumps(
+                {"removed": [e.name for e in removed], "freed_bytes": freed, "dry_run": dry_run, "failed": failed}
+            )
+        )
         return
     verb = "would remove" if dry_run else "removed"
     for e in removed:

@@ -17,20 +17,30 @@ from taskrun.runner.chains.run import (
     partial_steps,
     run_chain,
 )
+from taskrun.runner.output.terminal import for_terminal
 from taskrun.runner.output.writer import EventPrinter, metrics_table, print_json
 from taskrun.runner.runlog.store import RunLog
-from taskrun.runner.output.terminal import for_terminal
 
 _common = [
-    click.option("-o", "--output-dir", "out_dir", type=click.Path(file_okay=False),
-                 help="Folder for the intermediate artifacts (default: a new one under ./taskrun-out/)."),
+    click.option(
+        "-o",
+        "--output-dir",
+        "out_dir",
+        type=click.Path(file_okay=False),
+        help="Folder for the intermediate artifacts (default: a new one under ./taskrun-out/).",
+    ),
     click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N, mps."),
-    click.option("--dtype", default="auto", show_default=True,
-                 type=click.Choice(["auto", "float32", "bfloat16", "float16"])),
+    click.option(
+        "--dtype", default="auto", show_default=True, type=click.Choice(["auto", "float32", "bfloat16", "float16"])
+    ),
     click.option("--json", "json_mode", is_flag=True, help="One JSON object for the whole chain on stdout."),
     click.option("--offline", is_flag=True, help="Never reach the network for models."),
-    click.option("--log-db", type=click.Path(dir_okay=False), envvar="TASKRUN_LOG_DB",
-                 help="Run log SQLite file [env TASKRUN_LOG_DB]."),
+    click.option(
+        "--log-db",
+        type=click.Path(dir_okay=False),
+        envvar="TASKRUN_LOG_DB",
+        help="Run log SQLite file [env TASKRUN_LOG_DB].",
+    ),
     click.option("-q", "--quiet", is_flag=True, help="No progress or metrics on stderr."),
 ]
 
@@ -44,8 +54,9 @@ def common(f):
 class ChainView(StageView):
     """A "── stage i/n ──" header before each step; each step's (or only the last's) results."""
 
-    def __init__(self, n_steps: int, json_mode: bool, quiet: bool, only_last: bool,
-                 progress: bool | None = None) -> None:
+    def __init__(
+        self, n_steps: int, json_mode: bool, quiet: bool, only_last: bool, progress: bool | None = None
+    ) -> None:
         self.n, self.json_mode, self.quiet, self.only_last = n_steps, json_mode, quiet, only_last
         self.progress = not quiet if progress is None else progress  # bars, even with quiet stages
 
@@ -59,16 +70,29 @@ class ChainView(StageView):
         return EventPrinter(task, None, json_mode=self.json_mode, quiet=not self.progress, show_items=show_items)
 
 
-def _run(name_or_file, args, out_dir, device, dtype, json_mode, offline, log_db, quiet,
-         only_last=False, progress=None, accept_partial=False) -> ChainRun:
+def _run(
+    name_or_file,
+    args,
+    out_dir,
+    device,
+    dtype,
+    json_mode,
+    offline,
+    log_db,
+    quiet,
+    only_last=False,
+    progress=None,
+    accept_partial=False,
+) -> ChainRun:
     chain = load_chain(name_or_file)
     check_chain(chain)  # the wiring, before inputs are even looked at
     if accept_partial:
         chain = allow_partial(chain)
     out = Path(out_dir) if out_dir else default_out_dir(chain)
     view = ChainView(len(chain.steps), json_mode, quiet, only_last, progress)
-    return run_chain(chain, tuple(args), out, device=device, dtype=dtype, offline=offline,
-                     log=RunLog(log_db), view=view)
+    return run_chain(
+        chain, tuple(args), out, device=device, dtype=dtype, offline=offline, log=RunLog(log_db), view=view
+    )
 
 
 def _report(run: ChainRun, headline: str) -> None:
@@ -83,10 +107,14 @@ def _report(run: ChainRun, headline: str) -> None:
 @click.argument("name_or_file")
 @click.argument("inputs", nargs=-1)
 @common
-@click.option("--allow-partial", "accept_partial", is_flag=True,
-              help="Accept a step's partial result (a recording cut short or damaged: transcribed as "
-                   "far as it goes, with a warning); without this the chain still runs and writes its "
-                   "artifacts, then exits non-zero.")
+@click.option(
+    "--allow-partial",
+    "accept_partial",
+    is_flag=True,
+    help="Accept a step's partial result (a recording cut short or damaged: transcribed as "
+    "far as it goes, with a warning); without this the chain still runs and writes its "
+    "artifacts, then exits non-zero.",
+)
 def chain_cmd(name_or_file, inputs, out_dir, device, dtype, json_mode, offline, log_db, quiet, accept_partial):
     """Run a chain of tasks (configs/chains/NAME.toml, or a TOML file) on INPUTS.
 
@@ -97,8 +125,9 @@ def chain_cmd(name_or_file, inputs, out_dir, device, dtype, json_mode, offline, 
     The whole chain is checked before anything loads. Each stage is a separate job in the run
     log, linked by a chain id; its text output is written to the output folder.
     """
-    run = _run(name_or_file, inputs, out_dir, device, dtype, json_mode, offline, log_db, quiet,
-               accept_partial=accept_partial)
+    run = _run(
+        name_or_file, inputs, out_dir, device, dtype, json_mode, offline, log_db, quiet, accept_partial=accept_partial
+    )
     if json_mode:
         print_json(run.to_json())
     elif not quiet:
@@ -110,15 +139,30 @@ def chain_cmd(name_or_file, inputs, out_dir, device, dtype, json_mode, offline, 
 
 @click.command("ask")
 @click.argument("question")
-@click.option("--docs", required=True, type=click.Path(exists=True),
-              help="A folder (or file) of text/markdown documents to answer from.")
+@click.option(
+    "--docs",
+    required=True,
+    type=click.Path(exists=True),
+    help="A folder (or file) of text/markdown documents to answer from.",
+)
 @common
 def ask_cmd(question, docs, out_dir, device, dtype, json_mode, offline, log_db, quiet):
     """Answer QUESTION from the documents in --docs, citing passages [1], [2]… (the ask-docs chain)."""
     # Quiet stages, only the answer streamed: the sources and the numbers come after it. The
     # search index's progress bar still shows (on a terminal) while a changed corpus is embedded.
-    run = _run("ask-docs", (question, docs), out_dir, device, dtype, json_mode, offline, log_db, True,
-               only_last=True, progress=not quiet)
+    run = _run(
+        "ask-docs",
+        (question, docs),
+        out_dir,
+        device,
+        dtype,
+        json_mode,
+        offline,
+        log_db,
+        True,
+        only_last=True,
+        progress=not quiet,
+    )
     if json_mode:
         print_json(run.to_json())
         return

@@ -44,12 +44,19 @@ class Chat:
         self.asked += 1
         self._fit(text)
         task = REGISTRY["generate"]
-        options = make_options(task.Options, {**self.sampling, "system": self.system,
-                                              "history": tuple(self.turns), "stream": True})
+        options = make_options(
+            task.Options, {**self.sampling, "system": self.system, "history": tuple(self.turns), "stream": True}
+        )
         printer = EventPrinter(task, options, json_mode=False, quiet=self.quiet)
         try:
-            rec = run_job(task, lambda: [Input(source="chat", kind="text", text=text)], options,
-                          log=self.log, on_event=printer, **self.job)
+            rec = run_job(
+                task,
+                lambda: [Input(source="chat", kind="text", text=text)],
+                options,
+                log=self.log,
+                on_event=printer,
+                **self.job,
+            )
         except TaskError as exc:
             self.failed += 1
             click.secho(f"error: {exc}", err=True, fg="red")
@@ -72,8 +79,11 @@ class Chat:
             del self.turns[:2]
             dropped += 1
         if dropped:
-            click.secho(f"note: dropped the {dropped} oldest turn{'s' * (dropped > 1)} to fit the "
-                        f"{llm.context}-token window", err=True, fg="yellow")
+            click.secho(
+                f"note: dropped the {dropped} oldest turn{'s' * (dropped > 1)} to fit the {llm.context}-token window",
+                err=True,
+                fg="yellow",
+            )
 
     def _engine(self):
         """The loaded model (the same cached one the jobs use), to count the prompt's tokens."""
@@ -107,9 +117,11 @@ def turn_line(rec) -> str:
     """One line of a turn's numbers, generate's metrics in short."""
     m = rec.metrics
     kept = f" ({m.cached_prompt_tokens} cached)" if m.cached_prompt_tokens else ""
-    return (f"[{m.input_tokens} prompt{kept} + {m.output_tokens} answer tokens · ttft {m.ttft_s:.2f} s · "
-            f"prefill {m.prefill_s:.3f} s · {m.decode_tokens_per_s:.1f} tok/s · {m.finish_reason} · "
-            f"run {rec.id}]")
+    return (
+        f"[{m.input_tokens} prompt{kept} + {m.output_tokens} answer tokens · ttft {m.ttft_s:.2f} s · "
+        f"prefill {m.prefill_s:.3f} s · {m.decode_tokens_per_s:.1f} tok/s · {m.finish_reason} · "
+        f"run {rec.id}]"
+    )
 
 
 def save(chat: Chat, path: str) -> None:
@@ -128,8 +140,9 @@ def load(path: str) -> tuple[str, list[tuple[str, str]]]:
         body = json.loads(Path(path).read_text(encoding="utf-8"))
         turns = [(t["role"], t["content"]) for t in body["turns"]]
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise TaskError(f"--load {path}: not a conversation saved by /save ({exc}); "
-                        f"give a file written by /save") from None
+        raise TaskError(
+            f"--load {path}: not a conversation saved by /save ({exc}); give a file written by /save"
+        ) from None
     if any(r not in ("user", "assistant") or not isinstance(t, str) for r, t in turns):
         raise TaskError(f"--load {path}: each turn needs role user or assistant and a text content")
     return str(body.get("system") or ""), turns
@@ -156,25 +169,39 @@ def lines(interactive: bool):
 @click.option("-m", "--model", help="Model alias (see `run models`), folder or file. Default: generate's.")
 @click.option("--runtime", help="Runtime to run the model on (default: the model's).")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N, mps.")
-@click.option("--dtype", default="auto", show_default=True,
-              type=click.Choice(["auto", "float32", "bfloat16", "float16"]), help="Weights/compute dtype.")
+@click.option(
+    "--dtype",
+    default="auto",
+    show_default=True,
+    type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+    help="Weights/compute dtype.",
+)
 @click.option("--system", default="", help="System prompt for the whole conversation.")
-@click.option("--load", "load_path", type=click.Path(exists=True, dir_okay=False),
-              help="Resume a conversation written by /save.")
+@click.option(
+    "--load", "load_path", type=click.Path(exists=True, dir_okay=False), help="Resume a conversation written by /save."
+)
 @click.option("--max-tokens", default=256, show_default=True, type=int, help="Most tokens per answer.")
 @click.option("--temperature", default=0.0, show_default=True, type=float, help="0 = greedy.")
 @click.option("--top-p", default=1.0, show_default=True, type=float, help="Nucleus sampling mass.")
 @click.option("--top-k", default=0, show_default=True, type=int, help="Sample among the k likeliest (0 = off).")
 @click.option("--seed", type=int, help="Random seed for sampling (default: a new one per turn).")
-@click.option("--repeat-penalty", default=1.0, show_default=True, type=float,
-              help="Above 1, makes tokens the answer already holds less likely.")
+@click.option(
+    "--repeat-penalty",
+    default=1.0,
+    show_default=True,
+    type=float,
+    help="Above 1, makes tokens the answer already holds less likely.",
+)
 @click.option("--stop", multiple=True, metavar="TEXT", help="Stop an answer at this text. Repeatable.")
 @click.option("--offline", is_flag=True, help="Never reach the network for models.")
-@click.option("--log-db", type=click.Path(dir_okay=False), envvar="TASKRUN_LOG_DB",
-              help="Run log SQLite file [env TASKRUN_LOG_DB]; every turn is a row.")
+@click.option(
+    "--log-db",
+    type=click.Path(dir_okay=False),
+    envvar="TASKRUN_LOG_DB",
+    help="Run log SQLite file [env TASKRUN_LOG_DB]; every turn is a row.",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No per-turn numbers on stderr.")
-def chat_cmd(model, runtime, device, dtype, system, load_path, max_tokens, temperature, top_p, top_k, seed,
-             repeat_penalty, stop, offline, log_db, quiet):
+def chat_cmd(model, runtime, device, dtype, system, load_path, offline, log_db, quiet, **sampling):
     """Talk with a language model, turn by turn: each line you type (or pipe in) is a turn, its
     answer streamed, its numbers on one line; every turn is a logged generate job.
 
@@ -187,15 +214,26 @@ def chat_cmd(model, runtime, device, dtype, system, load_path, max_tokens, tempe
     from taskrun.tasks import REGISTRY
     from taskrun.tasks.base import make_options
 
-    sampling = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k,
-                "seed": seed, "repeat_penalty": repeat_penalty, "stop": tuple(stop)}
+    sampling["stop"] = tuple(sampling["stop"])  # the rest: max_tokens, temperature, top_p, top_k, seed, ...
     make_options(REGISTRY["generate"].Options, sampling)  # a bad value is refused before any load
     turns: list[tuple[str, str]] = []
     if load_path:
         saved_system, turns = load(load_path)
         system = system or saved_system
-    chat = Chat(system=system, sampling=sampling, quiet=quiet, turns=turns, log=RunLog(log_db),
-                job={"model": model, "runtime": runtime, "device": device, "dtype": dtype, "offline": offline})
+    chat = Chat(
+        system=system,
+        sampling=sampling,
+        quiet=quiet,
+        turns=turns,
+        log=RunLog(log_db),
+        job={"model": model, "runtime": runtime, "device": device, "dtype": dtype, "offline": offline},
+    )
+    converse(chat, quiet)
+
+
+def converse(chat: Chat, quiet: bool) -> None:
+    """The conversation, line by line, until /exit or the end of input; a failed turn is said and
+    counted, and the command fails at the end when any did."""
     interactive = sys.stdin.isatty()
     if interactive and not quiet:
         click.secho(f"chat: {COMMANDS}", err=True, dim=True)

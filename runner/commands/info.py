@@ -6,8 +6,8 @@ import json
 
 import click
 
-from taskrun.runner.output.writer import fmt_value, print_json
 from taskrun.runner.output.terminal import for_terminal
+from taskrun.runner.output.writer import fmt_value, print_json
 from taskrun.tasks.base import TaskError
 
 
@@ -23,8 +23,10 @@ def tasks_cmd(json_mode):
     for name, task in REGISTRY.items():
         d = task.describe()
         d["default_models"] = {k: v for k, v in defaults.items() if k == name or k.startswith(name + ":")}
-        d["default_sources"] = {v: aliases().get(v, {}).get("pip") or aliases().get(v, {}).get("hub", "")
-                                for v in d["default_models"].values()}
+        d["default_sources"] = {
+            v: aliases().get(v, {}).get("pip") or aliases().get(v, {}).get("hub", "")
+            for v in d["default_models"].values()
+        }
         rows.append(d)
     if json_mode:
         print_json(rows)
@@ -47,8 +49,12 @@ def tasks_cmd(json_mode):
 
 @click.command("models")
 @click.option("--json", "json_mode", is_flag=True)
-@click.option("--offline/--online", default=True, show_default=True,
-              help="Offline (default) lists what is here without reaching the hub.")
+@click.option(
+    "--offline/--online",
+    default=True,
+    show_default=True,
+    help="Offline (default) lists what is here without reaching the hub.",
+)
 def models_cmd(json_mode, offline):
     """Every known model: available here or not, size, digest, runtime and the tasks it serves."""
     from taskrun.models.resolve import list_models
@@ -61,9 +67,11 @@ def models_cmd(json_mode, offline):
         mark = click.style("✓", fg="green") if r["available"] else click.style("✗", fg="red")
         click.echo(f"{mark} {click.style(r['name'], bold=True)}  {r['description']}")
         if r["available"]:
-            click.echo(f"    tasks {', '.join(r['tasks'])}   runtime {r['runtime']}"
-                       f" (also {', '.join(x for x in r['runtimes'] if x != r['runtime']) or '-'})"
-                       f"   {r['size_bytes'] / 1e6:.1f} MB   {r['digest'][:23]}")
+            click.echo(
+                f"    tasks {', '.join(r['tasks'])}   runtime {r['runtime']}"
+                f" (also {', '.join(x for x in r['runtimes'] if x != r['runtime']) or '-'})"
+                f"   {r['size_bytes'] / 1e6:.1f} MB   {r['digest'][:23]}"
+            )
             click.echo(f"    {r['architecture']}, {r['source']}: {r['path']}")
         else:
             click.echo(f"    {r['why']}")
@@ -75,12 +83,21 @@ def models_cmd(json_mode, offline):
 @click.argument("model")
 @click.option("--context", "context", type=int, required=True, help="Tokens of context (prompt + answer).")
 @click.option("--batch", type=int, default=1, show_default=True, help="Sequences decoded at once.")
-@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16", "float16"]),
-              help="Weights and KV cache dtype (taskrun's CPU default is float32).")
+@click.option(
+    "--dtype",
+    default="float32",
+    show_default=True,
+    type=click.Choice(["float32", "bfloat16", "float16"]),
+    help="Weights and KV cache dtype (taskrun's CPU default is float32).",
+)
 @click.option("--json", "json_mode", is_flag=True, help="Print the estimate as JSON.")
 @click.option("--offline", is_flag=True, help="Never reach the network for models.")
-@click.option("--runtime", default=None, help="Estimate for this runtime (default: the model's, as "
-              "`run generate` picks it; llama.cpp for a GGUF, transformers otherwise).")
+@click.option(
+    "--runtime",
+    default=None,
+    help="Estimate for this runtime (default: the model's, as "
+    "`run generate` picks it; llama.cpp for a GGUF, transformers otherwise).",
+)
 def fit_cmd(model, context, batch, dtype, json_mode, offline, runtime):
     """Estimate whether MODEL fits in memory at --context tokens and --batch sequences.
 
@@ -96,9 +113,11 @@ def fit_cmd(model, context, batch, dtype, json_mode, offline, runtime):
     if json_mode:
         click.echo(json.dumps(est))
         return
-    gib = 1024 ** 3
-    click.echo(f"model      {est['model']} ({est['architecture']}, {est['params'] / 1e6:.0f}M parameters, "
-               f"{est['layers']} layers, window {est['max_context']})")
+    gib = 1024**3
+    click.echo(
+        f"model      {est['model']} ({est['architecture']}, {est['params'] / 1e6:.0f}M parameters, "
+        f"{est['layers']} layers, window {est['max_context']})"
+    )
     click.echo(f"weights    {est['weights_bytes'] / gib:.2f} GiB ({est['dtype']}, {est['runtime']})")
     click.echo(f"kv cache   {est['kv_bytes'] / gib:.2f} GiB ({context} tokens × batch {batch})")
     click.echo(f"overhead   {est['overhead_bytes'] / gib:.2f} GiB (runtime, activations)")
@@ -112,12 +131,15 @@ def fit_cmd(model, context, batch, dtype, json_mode, offline, runtime):
 
 
 @click.group("logs", invoke_without_command=True)
-@click.option("-n", "limit", default=20, show_default=True, type=click.IntRange(min=1),
-              help="How many recent runs.")
+@click.option("-n", "limit", default=20, show_default=True, type=click.IntRange(min=1), help="How many recent runs.")
 @click.option("--task", help="Only runs of this task.")
 @click.option("--chain", "chain_id", help="Only the stages of this chain id.")
-@click.option("--search", "text", metavar="TEXT",
-              help="Only runs whose kept texts (prompts, answers, transcripts) hold every word of TEXT.")
+@click.option(
+    "--search",
+    "text",
+    metavar="TEXT",
+    help="Only runs whose kept texts (prompts, answers, transcripts) hold every word of TEXT.",
+)
 @click.option("--json", "json_mode", is_flag=True)
 @click.option("--log-db", type=click.Path(dir_okay=False), envvar="TASKRUN_LOG_DB")
 @click.pass_context
@@ -147,8 +169,7 @@ def logs_cmd(ctx, limit, task, chain_id, text, json_mode, log_db):
         click.echo(_log_line(r))
 
 
-_STATUS = {"ok": "ok", "partial": "PARTIAL", "failed": "FAILED", "interrupted": "INTERRUPTED",
-           "running": "running"}
+_STATUS = {"ok": "ok", "partial": "PARTIAL", "failed": "FAILED", "interrupted": "INTERRUPTED", "running": "running"}
 
 
 def _log_line(r: dict) -> str:
@@ -156,8 +177,10 @@ def _log_line(r: dict) -> str:
     wall = (r.get("metrics") or {}).get("wall_s")
     what = (r.get("error") or r.get("summary") or "").replace("\n", " ")
     what = for_terminal(what if len(what) <= 70 else what[:69] + "…")
-    return (f"{r['id']}  {r['started_at'][:19]}  {r['task']:<10} {status:<7} "
-            f"{r.get('model') or '-':<18} {fmt_value(wall) + 's' if wall is not None else '':>8}  {what}")
+    return (
+        f"{r['id']}  {r['started_at'][:19]}  {r['task']:<10} {status:<7} "
+        f"{r.get('model') or '-':<18} {fmt_value(wall) + 's' if wall is not None else '':>8}  {what}"
+    )
 
 
 @logs_cmd.command("show")
@@ -171,7 +194,6 @@ def logs_show(ctx, run_id, log_db):
     log = RunLog(log_db or (ctx.obj or {}).get("log_db"))
     row = log.get(run_id)
     if row is None:
-        raise click.ClickException(f"no run with id {run_id} (or the prefix matches several); "
-                                   f"`run logs` lists them")
+        raise click.ClickException(f"no run with id {run_id} (or the prefix matches several); `run logs` lists them")
     row["texts"] = log.texts(row["id"])
     click.echo(json.dumps(row, indent=2, ensure_ascii=False))

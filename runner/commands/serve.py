@@ -26,34 +26,79 @@ def physical_cores() -> int:
 
 
 @click.command("serve")
-@click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to listen on. Any address other than loopback needs --api-key or --no-auth.")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on. Any address other than loopback needs --api-key or --no-auth.",
+)
 @click.option("--port", default=8080, show_default=True, type=int, help="Port to listen on.")
-@click.option("--preload", multiple=True, metavar="MODEL",
-              help="Load this model at start-up; /health answers 200 only once all are loaded. Repeatable.")
-@click.option("--api-key", envvar="TASKRUN_API_KEY", metavar="KEY",
-              help="Require 'Authorization: Bearer KEY' on every request but GET /health [env TASKRUN_API_KEY].")
+@click.option(
+    "--preload",
+    multiple=True,
+    metavar="MODEL",
+    help="Load this model at start-up; /health answers 200 only once all are loaded. Repeatable.",
+)
+@click.option(
+    "--api-key",
+    envvar="TASKRUN_API_KEY",
+    metavar="KEY",
+    help="Require 'Authorization: Bearer KEY' on every request but GET /health [env TASKRUN_API_KEY].",
+)
 @click.option("--no-auth", is_flag=True, help="Serve a non-loopback address without a key, on purpose.")
-@click.option("--max-queue", default=16, show_default=True, type=click.IntRange(1, 10_000),
-              help="Requests that may wait per model; beyond that, 503 with Retry-After.")
-@click.option("--max-body-mb", default=25.0, show_default=True, type=click.FloatRange(0.001, 4096),
-              help="Largest request body in MB (OpenAI's audio upload limit is 25).")
-@click.option("--max-memory", metavar="SIZE",
-              help="Memory budget for loaded models (e.g. 8GB); the least recently used is unloaded "
-                   "to make room. Default: no limit.")
-@click.option("--corpus", "corpora", multiple=True, metavar="NAME=DIR",
-              help="A folder that search requests may name by NAME (clients never name paths). Repeatable.")
-@click.option("--threads", type=click.IntRange(1, 1024), metavar="N",
-              help="Torch threads for each job (default: the physical cores).")
-@click.option("--no-batching", is_flag=True,
-              help="Run each embeddings request as its own job (default: concurrent ones are merged).")
+@click.option(
+    "--max-queue",
+    default=16,
+    show_default=True,
+    type=click.IntRange(1, 10_000),
+    help="Requests that may wait per model; beyond that, 503 with Retry-After.",
+)
+@click.option(
+    "--max-body-mb",
+    default=25.0,
+    show_default=True,
+    type=click.FloatRange(0.001, 4096),
+    help="Largest request body in MB (OpenAI's audio upload limit is 25).",
+)
+@click.option(
+    "--max-memory",
+    metavar="SIZE",
+    help="Memory budget for loaded models (e.g. 8GB); the least recently used is unloaded "
+    "to make room. Default: no limit.",
+)
+@click.option(
+    "--corpus",
+    "corpora",
+    multiple=True,
+    metavar="NAME=DIR",
+    help="A folder that search requests may name by NAME (clients never name paths). Repeatable.",
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(1, 1024),
+    metavar="N",
+    help="Torch threads for each job (default: the physical cores).",
+)
+@click.option(
+    "--no-batching",
+    is_flag=True,
+    help="Run each embeddings request as its own job (default: concurrent ones are merged).",
+)
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N, mps.")
-@click.option("--dtype", default="auto", show_default=True,
-              type=click.Choice(["auto", "float32", "bfloat16", "float16"]), help="Weights/compute dtype.")
-@click.option("--log-db", type=click.Path(dir_okay=False), envvar="TASKRUN_LOG_DB",
-              help="Run log SQLite file [env TASKRUN_LOG_DB]; every request's job is a row.")
-def serve_cmd(host, port, preload, api_key, no_auth, max_queue, max_body_mb, max_memory, corpora, threads,
-              no_batching, device, dtype, log_db):
+@click.option(
+    "--dtype",
+    default="auto",
+    show_default=True,
+    type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+    help="Weights/compute dtype.",
+)
+@click.option(
+    "--log-db",
+    type=click.Path(dir_okay=False),
+    envvar="TASKRUN_LOG_DB",
+    help="Run log SQLite file [env TASKRUN_LOG_DB]; every request's job is a row.",
+)
+def serve_cmd(threads, max_memory, **choices):
     """Serve every task over HTTP from one warm process: OpenAI- and Ollama-compatible endpoints,
     POST /v1/tasks/TASK for every task, /health and /metrics.
 
@@ -74,26 +119,38 @@ def serve_cmd(host, port, preload, api_key, no_auth, max_queue, max_body_mb, max
     cores) and OpenMP waits passively. Jobs of one model run one at a time;
     different models run side by side and then share the cores.
     """
-    from taskrun.runner.serve.settings import (
-        Settings,
-        check_exposure,
-        parse_corpora,
-        parse_size,
-    )
+    from taskrun.runner.serve.settings import parse_size
 
     try:
-        check_exposure(host, api_key, no_auth)
-        settings = Settings(host=host, port=port, preload=tuple(preload), api_key=api_key or None,
-                            max_queue=max_queue, max_body_bytes=int(max_body_mb * 1024 * 1024),
-                            corpora=parse_corpora(corpora), batching=not no_batching, log_db=log_db,
-                            device=device, dtype=dtype)
-        budget = parse_size(max_memory)
+        settings, budget = _settings(**choices), parse_size(max_memory)
     except TaskError as exc:
         raise click.UsageError(str(exc)) from None
     _set_threads(threads or physical_cores())
     if budget is not None:
         _set_budget(budget)
     _run(settings)
+
+
+def _settings(
+    host, port, preload, api_key, no_auth, max_queue, max_body_mb, corpora, no_batching, device, dtype, log_db
+):
+    """The operator's choices, checked, as the server's Settings (TaskError names a bad one)."""
+    from taskrun.runner.serve.settings import Settings, check_exposure, parse_corpora
+
+    check_exposure(host, api_key, no_auth)
+    return Settings(
+        host=host,
+        port=port,
+        preload=tuple(preload),
+        api_key=api_key or None,
+        max_queue=max_queue,
+        max_body_bytes=int(max_body_mb * 1024 * 1024),
+        corpora=parse_corpora(corpora),
+        batching=not no_batching,
+        log_db=log_db,
+        device=device,
+        dtype=dtype,
+    )
 
 
 def _set_threads(n: int) -> None:
@@ -117,12 +174,17 @@ def _set_budget(budget: int) -> None:
 
 def _run(settings) -> None:
     import uvicorn
+
     from taskrun.runner.serve.app import create_app
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)
     where = f"http://{settings.host}:{settings.port}"
-    click.echo(f"taskrun serving on {where} (threads {os.environ['TASKRUN_THREADS']}, "
-               f"{'key required' if settings.api_key else 'no key'})", err=True)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", access_log=False,
-                timeout_graceful_shutdown=5)
+    click.echo(
+        f"taskrun serving on {where} (threads {os.environ['TASKRUN_THREADS']}, "
+        f"{'key required' if settings.api_key else 'no key'})",
+        err=True,
+    )
+    uvicorn.run(
+        app, host=settings.host, port=settings.port, log_level="warning", access_log=False, timeout_graceful_shutdown=5
+    )

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import click
+
 from taskrun.runner.chains.run import (
     ChainRun,
     FirstStep,
@@ -16,13 +17,13 @@ from taskrun.runner.chains.run import (
 )
 from taskrun.runner.inputs import gather_inputs, options_from
 from taskrun.runner.jobs import new_id
-from taskrun.runner.output.writer import EventPrinter, emit, pick_format
 from taskrun.runner.output.paths import (
     check_cache_folder,
     check_output_path,
     check_side_outputs,
     job_paths,
 )
+from taskrun.runner.output.writer import EventPrinter, emit, pick_format
 from taskrun.runner.runlog.store import RunLog
 from taskrun.tasks import get_task
 from taskrun.tasks.base import Task
@@ -49,8 +50,25 @@ class CommandView(StageView):
         emit(get_task(step.task), rec, fmt, output, self.json_mode, self.quiet)
 
 
-def execute(task: Task, *, inputs, files, values, model, runtime, device, dtype, json_mode, fmt, output,
-            offline, log_db, quiet, extras: dict[str, Any], server: str | None = None) -> None:
+def execute(
+    task: Task,
+    *,
+    inputs,
+    files,
+    values,
+    model,
+    runtime,
+    device,
+    dtype,
+    json_mode,
+    fmt,
+    output,
+    offline,
+    log_db,
+    quiet,
+    extras: dict[str, Any],
+    server: str | None = None,
+) -> None:
     fmt = pick_format(task, fmt, output)
     if fmt == "json":
         json_mode = True
@@ -66,16 +84,23 @@ def execute(task: Task, *, inputs, files, values, model, runtime, device, dtype,
     run = ChainRun(chain, new_id() if len(chain.steps) > 1 else None, out_dir=None)
     first = FirstStep(lambda: gather_inputs(task, inputs, files), lambda: options_from(task, values, fmt), runtime)
     try:
-        run_steps(run, CommandView(fmt, output, json_mode, quiet), first=first, device=device,
-                  dtype=dtype, offline=offline, log=log)
+        run_steps(
+            run,
+            CommandView(fmt, output, json_mode, quiet),
+            first=first,
+            device=device,
+            dtype=dtype,
+            offline=offline,
+            log=log,
+        )
     except NothingProduced:
         pass  # every input of that stage failed: its errors are printed and counted below
     failed = sum(len(r.errors) for r in run.records)
     if failed:
         total = sum(r.n_inputs for r in run.records)
-        raise click.ClickException(f"{failed} of {total} inputs failed (see the errors above); "
-                                   f"the others finished")
+        raise click.ClickException(f"{failed} of {total} inputs failed (see the errors above); the others finished")
     cut = sum(r.partial_not_accepted for r in run.records)
     if cut:  # a result made of what could be read (a recording cut short): shown, logged partial
-        raise click.ClickException(f"{cut} result(s) are partial (see the "
-                                   f"warnings above); pass --allow-partial to accept them")
+        raise click.ClickException(
+            f"{cut} result(s) are partial (see the warnings above); pass --allow-partial to accept them"
+        )

@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 import click
+
 from taskrun.runner.output.terminal import for_terminal
 from taskrun.tasks.base import Task, TaskError
 
@@ -31,20 +32,26 @@ def check_output_path(output: str, inputs: tuple[str, ...] = ()) -> None:
     except OSError as exc:  # a name too long, a file in place of a folder on the way
         raise TaskError(f"cannot write {shown}: {exc.strerror or exc}") from None
     if st is not None and stat.S_ISLNK(st.st_mode):
-        raise TaskError(f"-o {shown} is a symbolic link (to {for_terminal(os.readlink(p), 200)}); taskrun "
-                        f"would replace the link itself. Give the file it points to, -o "
-                        f"{for_terminal(str(p.resolve()), 200)}, or remove the link")
+        raise TaskError(
+            f"-o {shown} is a symbolic link (to {for_terminal(os.readlink(p), 200)}); taskrun "
+            f"would replace the link itself. Give the file it points to, -o "
+            f"{for_terminal(str(p.resolve()), 200)}, or remove the link"
+        )
     if st is not None and stat.S_ISDIR(st.st_mode):
         raise TaskError(f"-o {shown} is a folder; name a file in it, e.g. {shown.rstrip('/')}/out.txt")
     if st is not None and not stat.S_ISREG(st.st_mode):
-        raise TaskError(f"-o {shown} is a device or special file, not a regular file; taskrun writes "
-                        f"results whole into regular files. To discard the result, leave out -o and "
-                        f"redirect stdout (> /dev/null), or use -q")
+        raise TaskError(
+            f"-o {shown} is a device or special file, not a regular file; taskrun writes "
+            f"results whole into regular files. To discard the result, leave out -o and "
+            f"redirect stdout (> /dev/null), or use -q"
+        )
     if st is not None:
         for src in inputs:
             if src and _same_file(p, src):
-                raise TaskError(f"-o {shown} is also an input of this job; writing it would replace "
-                                f"the input with the result. Pick another output name")
+                raise TaskError(
+                    f"-o {shown} is also an input of this job; writing it would replace "
+                    f"the input with the result. Pick another output name"
+                )
     check_writable_folder(p.resolve().parent, f"cannot write {shown}")
 
 
@@ -53,8 +60,11 @@ def job_paths(task: Task, inputs: tuple[str, ...], files: tuple[str, ...], value
     (--corpus, --json-schema); -o must not be one of them."""
     from taskrun.runner.inputs import is_path
 
-    opts = [str(v) for f in dataclasses.fields(task.Options)
-            if f.metadata.get("path") and (v := values.get(f.name)) and f.name not in OUTPUT_OPTIONS]
+    opts = [
+        str(v)
+        for f in dataclasses.fields(task.Options)
+        if f.metadata.get("path") and (v := values.get(f.name)) and f.name not in OUTPUT_OPTIONS
+    ]
     return tuple(a for a in inputs if is_path(a)) + tuple(files) + tuple(opts)
 
 
@@ -86,8 +96,12 @@ def check_cache_folder(quiet: bool = False) -> bool:
         return True
     except (TaskError, OSError) as exc:
         if not quiet:
-            click.secho(f"note: {for_terminal(str(exc), 400)}. Jobs still run, but nothing is cached; "
-                        f"set TASKRUN_CACHE_DIR to a writable folder", err=True, fg="yellow")
+            click.secho(
+                f"note: {for_terminal(str(exc), 400)}. Jobs still run, but nothing is cached; "
+                f"set TASKRUN_CACHE_DIR to a writable folder",
+                err=True,
+                fg="yellow",
+            )
         return False
 
 
@@ -109,8 +123,10 @@ def check_writable_folder(folder: Path, what: str) -> None:
         os.close(fd)
         os.unlink(tmp)
     except OSError as exc:
-        raise TaskError(f"{what}: folder {for_terminal(str(folder), 200)} is not writable "
-                        f"({exc.strerror or exc}); pick another place") from None
+        raise TaskError(
+            f"{what}: folder {for_terminal(str(folder), 200)} is not writable "
+            f"({exc.strerror or exc}); pick another place"
+        ) from None
 
 
 def confine(folder: Path, name: str, where: str) -> Path:
@@ -120,8 +136,10 @@ def confine(folder: Path, name: str, where: str) -> Path:
     target = folder / inside_name(name, where)
     base = folder.resolve()
     if not target.resolve().is_relative_to(base):
-        raise TaskError(f"{where} = {for_terminal(repr(name), 200)} leads outside the output folder "
-                        f"{for_terminal(str(base), 200)} (through a link); give another name")
+        raise TaskError(
+            f"{where} = {for_terminal(repr(name), 200)} leads outside the output folder "
+            f"{for_terminal(str(base), 200)} (through a link); give another name"
+        )
     return target
 
 
@@ -129,6 +147,8 @@ def inside_name(name: str, where: str) -> Path:
     """``name`` as a relative path that cannot climb out of the folder it is joined to."""
     pure = Path(name)
     if not name or pure.is_absolute() or ".." in pure.parts or name.startswith("~"):
-        raise TaskError(f"{where} = {for_terminal(repr(name), 200)} would write outside the output "
-                        f"folder; give a file name inside it, e.g. \"{for_terminal(pure.name, 80) or 'out.txt'}\"")
+        raise TaskError(
+            f"{where} = {for_terminal(repr(name), 200)} would write outside the output "
+            f'folder; give a file name inside it, e.g. "{for_terminal(pure.name, 80) or "out.txt"}"'
+        )
     return pure

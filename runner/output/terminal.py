@@ -5,7 +5,7 @@ from __future__ import annotations
 
 # C0 and C1 control characters but newline and tab: what a terminal would act on (colours, cursor
 # moves, title changes, clearing the screen) if a file name or a text carried them.
-_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7f, *range(0x80, 0xa0)) if c not in (0x09, 0x0a)}
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if c not in (0x09, 0x0A)}
 
 
 def for_terminal(text: str, limit: int | None = None) -> str:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+
 from taskrun.runner.output.paths import check_output_path  # noqa: F401  (runner/remote/client.py imports it here)
 from taskrun.runner.output.terminal import for_terminal
 from taskrun.tasks import events as ev
@@ -53,8 +54,9 @@ class EventPrinter:
     """Renders a job's events as they come: streamed text and items on stdout, progress on stderr.
     Control characters from inputs or models are escaped (:func:`for_terminal`); --json is exact."""
 
-    def __init__(self, task, options, *, json_mode: bool, stream: bool = True, show_items: bool = True,
-                 quiet: bool = False) -> None:
+    def __init__(
+        self, task, options, *, json_mode: bool, stream: bool = True, show_items: bool = True, quiet: bool = False
+    ) -> None:
         self.task, self.options = task, options
         self.json_mode, self.stream, self.show_items, self.quiet = json_mode, stream, show_items, quiet
         self.streamed: set[int] = set()
@@ -106,8 +108,9 @@ class EventPrinter:
             self.bar.update(event.step - self.bar.n)
         else:
             if self.bar is None:
-                self.bar = tqdm(total=event.total, unit=event.unit, file=sys.stderr, leave=False,
-                                desc=event.label or None)
+                self.bar = tqdm(
+                    total=event.total, unit=event.unit, file=sys.stderr, leave=False, desc=event.label or None
+                )
             self.bar.update(event.done - self.bar.n)
 
     def _clear_bar_line(self) -> None:
@@ -144,13 +147,17 @@ def pick_format(task: Task, fmt: str | None, output: str | None) -> str | None:
         if suffix in task.formats:
             return suffix
         if task.writes_files and suffix not in ("json", "txt"):
-            raise TaskError(f"{task.name} writes {task.writes_files.upper()} files; name the output "
-                            f"{Path(output).stem or 'out'}.{task.writes_files}")
+            raise TaskError(
+                f"{task.name} writes {task.writes_files.upper()} files; name the output "
+                f"{Path(output).stem or 'out'}.{task.writes_files}"
+            )
         if suffix not in TEXT_SUFFIXES:
             named = ", ".join(f".{f}" for f in task.formats if f != "text")
-            raise TaskError(f"{task.name} does not write {for_terminal(Path(output).name, 80)}: its formats "
-                            f"are text (.txt), {named}; name the output e.g. "
-                            f"{for_terminal(Path(output).stem, 80) or 'out'}.txt, or give --format")
+            raise TaskError(
+                f"{task.name} does not write {for_terminal(Path(output).name, 80)}: its formats "
+                f"are text (.txt), {named}; name the output e.g. "
+                f"{for_terminal(Path(output).stem, 80) or 'out'}.txt, or give --format"
+            )
     return fmt
 
 
@@ -202,8 +209,10 @@ def _write_errors(task: Task):
         yield
     except OSError as exc:
         where = f" {for_terminal(exc.filename, 200)}" if exc.filename else ""
-        raise TaskError(f"{task.name} could not write{where} ({exc.strerror or exc}); the job ran and "
-                        f"is in the run log, but its files were not written") from None
+        raise TaskError(
+            f"{task.name} could not write{where} ({exc.strerror or exc}); the job ran and "
+            f"is in the run log, but its files were not written"
+        ) from None
 
 
 def deliver(output: str | Path, data: str | bytes) -> None:

@@ -22,29 +22,47 @@ import base64
 import dataclasses
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import click
 
-from taskrun.runner.remote.records import find_type, from_json, record_of
 from taskrun.runner.inputs import gather_inputs, options_from
+from taskrun.runner.remote.records import find_type, from_json, record_of
 from taskrun.tasks import events as ev
 from taskrun.tasks.base import Input, Task, TaskError, to_jsonable
 
 PATH_OPTIONS = {"json_schema": "inline", "corpus": "name", "annotate": "local", "out_dir": "local"}
 
 
-def execute_remote(task: Task, *, server: str, api_key: str | None, inputs, files, values, model, runtime,
-                   device, dtype, json_mode, fmt, output, quiet) -> None:
+def execute_remote(
+    task: Task,
+    *,
+    server: str,
+    api_key: str | None,
+    inputs,
+    files,
+    values,
+    model,
+    runtime,
+    device,
+    dtype,
+    json_mode,
+    fmt,
+    output,
+    quiet,
+) -> None:
     """A task command's job, run on the server at ``server``; printed and written as `execute` does."""
-    from taskrun.runner.output.writer import EventPrinter, check_output_path, emit, pick_format
     from taskrun.runner.output.paths import job_paths
+    from taskrun.runner.output.writer import EventPrinter, check_output_path, emit, pick_format
     from taskrun.runner.remote.http import stream_job
 
     if device != "auto" or dtype != "auto":
-        raise TaskError("--device and --dtype are the server's choice with --server (see `run serve "
-                        "--help`); drop them, or run the job here without --server")
+        raise TaskError(
+            "--device and --dtype are the server's choice with --server (see `run serve "
+            "--help`); drop them, or run the job here without --server"
+        )
     fmt = pick_format(task, fmt, output)
     json_mode = json_mode or fmt == "json"
     if output:  # as a local run refuses it, before anything is sent: -o must not be one of the inputs
@@ -56,25 +74,35 @@ def execute_remote(task: Task, *, server: str, api_key: str | None, inputs, file
     names = Sources(task, given)
     # As execute.CommandView shows a first stage: the items of a file format (srt, npy) are not
     # printed, the file is the result.
-    printer = EventPrinter(task, None, json_mode=json_mode, quiet=quiet,
-                           show_items=fmt in (None, "text") or json_mode)
+    printer = EventPrinter(task, None, json_mode=json_mode, quiet=quiet, show_items=fmt in (None, "text") or json_mode)
     events = EventReader(task, names, printer)
-    body = {"input": wire_inputs(task, given), "options": wire_options(task, options), "model": model,
-            "runtime": runtime, "stream": True}
+    body = {
+        "input": wire_inputs(task, given),
+        "options": wire_options(task, options),
+        "model": model,
+        "runtime": runtime,
+        "stream": True,
+    }
     done = stream_job(server, api_key, task.name, body, events, names.text)
     rec = record_of(task, names.job(done.get("job") or {}), options)
     attach_images(task, rec, done.get("files") or [])
     draw_annotations(task, rec, given)
+    _show(rec, printer, events)
+    emit(task, rec, fmt, output, json_mode, quiet)
+    if rec.errors:
+        raise click.ClickException(
+            f"{len(rec.errors)} of {rec.n_inputs} inputs failed (see the errors above); the others finished"
+        )
+
+
+def _show(rec, printer, events: EventReader) -> None:
+    """What the stream did not show already: failed inputs, then the items, then the numbers."""
     for err in rec.errors:
         if err.index not in events.errors_shown:
             printer(err)
     for item in sorted(rec.items, key=lambda i: i.index):
         printer(item)
     printer(ev.Done(rec.metrics))
-    emit(task, rec, fmt, output, json_mode, quiet)
-    if rec.errors:
-        raise click.ClickException(f"{len(rec.errors)} of {rec.n_inputs} inputs failed (see the errors "
-                                   f"above); the others finished")
 
 
 # --------------------------------------------------------------------------- the request
@@ -84,8 +112,11 @@ def local_options(task: Task, values: dict[str, Any], fmt: str | None = None) ->
     """The Options the user gave, checked here (the same errors as a local run, before anything is
     sent), with what the output format needs (srt asks for word timestamps), as a local run sets
     them. An option that names something on the server (a corpus) is not checked as a local path."""
-    remote = {f.name: values.get(f.name, f.default) for f in dataclasses.fields(task.Options)
-              if PATH_OPTIONS.get(f.name) == "name"}
+    remote = {
+        f.name: values.get(f.name, f.default)
+        for f in dataclasses.fields(task.Options)
+        if PATH_OPTIONS.get(f.name) == "name"
+    }
     options = options_from(task, {**values, **{k: "." for k in remote}}, fmt)
     for k, v in remote.items():
         # Frozen: set past the local path check, as sent. Left empty, the server picks (its
@@ -121,8 +152,10 @@ def wire_options(task: Task, options: Any) -> dict[str, Any]:
             continue
         how = PATH_OPTIONS.get(f.name)
         if how is None:
-            raise TaskError(f"--{f.name.replace('_', '-')} names a file here, which `{task.name}` cannot "
-                            f"send to a server yet; run the job without --server")
+            raise TaskError(
+                f"--{f.name.replace('_', '-')} names a file here, which `{task.name}` cannot "
+                f"send to a server yet; run the job without --server"
+            )
         if how == "inline":
             out[f.name] = json.loads(Path(value).read_text(encoding="utf-8"))
         elif how == "name":
@@ -160,8 +193,11 @@ class Sources:
         """A message with the server's names of the inputs (upload paths, names sent) as given here."""
         if "taskrun-upload-" in s:
             s = self._UPLOAD.sub(self._upload, s)
-        known = self.unique if index is None or not 0 <= index < len(self.sent) or not self.sent[index] \
+        known = (
+            self.unique
+            if index is None or not 0 <= index < len(self.sent) or not self.sent[index]
             else {self.sent[index]: self.local[index]}
+        )
         for name, local in known.items():
             if name != local and name in s:
                 s = re.sub(rf"(?<![\w./-]){re.escape(name)}(?![\w-])", lambda m, local=local: local, s)
@@ -170,7 +206,7 @@ class Sources:
     def _upload(self, m: re.Match) -> str:
         safe, name = self.uploads.get(int(m.group(1)), ("", m.group(0)))
         rest = m.group(2)
-        return name + (rest[len(safe):] if safe and rest.startswith(safe) else "")
+        return name + (rest[len(safe) :] if safe and rest.startswith(safe) else "")
 
     def source(self, index: int, s: str) -> str:
         if 0 <= index < len(self.local) and s in self.aliases[index]:
@@ -192,10 +228,14 @@ class Sources:
 
     def job(self, job: dict) -> dict:
         job = dict(job)
-        job["items"] = [{**it, "input": self.source(it["index"], it["input"]),
-                         "result": self.value(it["index"], it["result"])} for it in job.get("items") or []]
-        job["errors"] = [{**e, "input": self.source(e["index"], e["input"]),
-                          "error": self.text(e["error"], e["index"])} for e in job.get("errors") or []]
+        job["items"] = [
+            {**it, "input": self.source(it["index"], it["input"]), "result": self.value(it["index"], it["result"])}
+            for it in job.get("items") or []
+        ]
+        job["errors"] = [
+            {**e, "input": self.source(e["index"], e["input"]), "error": self.text(e["error"], e["index"])}
+            for e in job.get("errors") or []
+        ]
         if job.get("error"):
             job["error"] = self.text(job["error"])
         return job
@@ -226,8 +266,7 @@ class EventReader:
         if kind == "step":
             return ev.Step(int(data["step"]), int(data["total"]), float(data.get("seconds", 0.0)))
         if kind == "progress":
-            return ev.Progress(data.get("done", 0), data.get("total"), data.get("unit", "items"),
-                               data.get("label", ""))
+            return ev.Progress(data.get("done", 0), data.get("total"), data.get("unit", "items"), data.get("label", ""))
         if kind == "item_error":
             self.errors_shown.add(index)
             source = self.names.source(index, str(data.get("source", data.get("input", ""))))
@@ -246,8 +285,10 @@ def attach_images(task: Task, rec, files: list[dict]) -> None:
         return
     images = [im for gen in rec.results for im in getattr(gen, "images", [])]
     if len(files) != len(images):
-        raise TaskError(f"the server sent {len(files)} file(s) for {len(images)} image(s); "
-                        f"use the same taskrun version on both sides")
+        raise TaskError(
+            f"the server sent {len(files)} file(s) for {len(images)} image(s); "
+            f"use the same taskrun version on both sides"
+        )
     import io
 
     import numpy as np
@@ -277,5 +318,4 @@ def draw_annotations(task: Task, rec, inputs: list[Input]) -> None:
             item.result.annotated = annotate(load_image(inputs[item.index].path), item.result, out)
         except (OSError, TaskError) as exc:
             rec.items.remove(item)
-            rec.errors.append(ev.ItemError(item.index, item.source,
-                                           f"cannot write the annotated image {out}: {exc}"))
+            rec.errors.append(ev.ItemError(item.index, item.source, f"cannot write the annotated image {out}: {exc}"))

@@ -10,7 +10,8 @@ as a local run words it), or the stream broke off (the server's log has the job)
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from taskrun.tasks.base import TaskError
 
@@ -29,8 +30,14 @@ def base_url(server: str) -> str:
     return url
 
 
-def stream_job(server: str, api_key: str | None, task: str, body: dict,
-               on_event: Callable[[str, dict], None], fix_text: Callable[[str], str] = str) -> dict:
+def stream_job(
+    server: str,
+    api_key: str | None,
+    task: str,
+    body: dict,
+    on_event: Callable[[str, dict], None],
+    fix_text: Callable[[str], str] = str,
+) -> dict:
     """Send the job; pass each streamed event to ``on_event(kind, data)``; return the ``done``
     event (``{"job": ..., "files": [...]}``). An ``error`` event or an HTTP error raises TaskError
     with the server's message (``fix_text`` names the inputs as the user gave them)."""
@@ -51,12 +58,16 @@ def stream_job(server: str, api_key: str | None, task: str, body: dict,
         return read_stream(_lines(response), on_event, fix_text)
     except (ConnectionRefusedError, socket.gaierror) as exc:
         raise TaskError(f"cannot reach a taskrun server at {url} ({_reason(exc)}); {START_HINT}") from None
-    except (socket.timeout, TimeoutError):
-        raise TaskError(f"the taskrun server at {url} did not answer within {CONNECT_TIMEOUT_S:g} s; "
-                        f"check that it is running, or {START_HINT}") from None
+    except TimeoutError:
+        raise TaskError(
+            f"the taskrun server at {url} did not answer within {CONNECT_TIMEOUT_S:g} s; "
+            f"check that it is running, or {START_HINT}"
+        ) from None
     except (http.client.HTTPException, OSError) as exc:
-        raise TaskError(f"lost the connection to the taskrun server at {url} during the job "
-                        f"({type(exc).__name__}: {exc}); see the server's log") from None
+        raise TaskError(
+            f"lost the connection to the taskrun server at {url} during the job "
+            f"({type(exc).__name__}: {exc}); see the server's log"
+        ) from None
     finally:
         conn.close()
 
@@ -93,8 +104,10 @@ def read_stream(lines, on_event: Callable[[str, dict], None], fix_text: Callable
         try:
             data = json.loads(line)
         except json.JSONDecodeError:
-            raise TaskError(f"the server sent a line that is not JSON ({line[:80]!r}); is --server "
-                            f"the URL of a taskrun server (`run serve`)?") from None
+            raise TaskError(
+                f"the server sent a line that is not JSON ({line[:80]!r}); is --server "
+                f"the URL of a taskrun server (`run serve`)?"
+            ) from None
         kind = data.get("event") if isinstance(data, dict) else None
         if kind == "done":
             return data
@@ -111,13 +124,11 @@ def http_error(server: str, status: int, content: bytes) -> str:
         error = json.loads(content).get("error")
     except (ValueError, AttributeError):
         error = None
-    message = _message(error) if error else \
-        content.decode("utf-8", "replace").strip()[:200] or f"HTTP {status}"
+    message = _message(error) if error else content.decode("utf-8", "replace").strip()[:200] or f"HTTP {status}"
     if status == 401:
         return f"{message} (give the server's key with --api-key or TASKRUN_API_KEY)"
     if status == 404 and not error:  # not taskrun's error shape: something else answers there
-        return (f"{base_url(server)} answered 404 for /v1/tasks: is it a taskrun server (`run serve`)? "
-                f"({message})")
+        return f"{base_url(server)} answered 404 for /v1/tasks: is it a taskrun server (`run serve`)? ({message})"
     if status == 503:
         return f"{message} (the server is busy; try again shortly)"
     return message
@@ -130,5 +141,4 @@ def _message(error: Any) -> str:
 
 
 def _reason(exc: Exception) -> str:
-    return "connection refused" if isinstance(exc, ConnectionRefusedError) else \
-        f"cannot resolve the host: {exc}"
+    return "connection refused" if isinstance(exc, ConnectionRefusedError) else f"cannot resolve the host: {exc}"

@@ -53,8 +53,10 @@ def build(cls: type, data: dict) -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
     if unknown:
-        raise TaskError(f"the server's {cls.__name__} has field(s) {', '.join(unknown)} that this "
-                        f"taskrun does not know; use the same taskrun version on both sides")
+        raise TaskError(
+            f"the server's {cls.__name__} has field(s) {', '.join(unknown)} that this "
+            f"taskrun does not know; use the same taskrun version on both sides"
+        )
     return cls(**{k: from_json(hints[k], v) for k, v in data.items()})
 
 
@@ -113,10 +115,17 @@ def card_of(model: dict | None, runtime: str | None, task: str) -> ModelCard | N
     """The model card as far as a job's JSON tells it (what the metrics table and --json show)."""
     if not model:
         return None
-    return ModelCard(name=model.get("name") or "", path=model.get("path") or "",
-                     architecture=model.get("architecture") or "", tasks=(task,), runtime=runtime or "",
-                     runtimes=(runtime or "",), size_bytes=0, digest=model.get("digest") or "",
-                     source=model.get("source") or "")
+    return ModelCard(
+        name=model.get("name") or "",
+        path=model.get("path") or "",
+        architecture=model.get("architecture") or "",
+        tasks=(task,),
+        runtime=runtime or "",
+        runtimes=(runtime or "",),
+        size_bytes=0,
+        digest=model.get("digest") or "",
+        source=model.get("source") or "",
+    )
 
 
 def record_of(task: Task, job: dict, options: Any) -> JobRecord:
@@ -125,17 +134,30 @@ def record_of(task: Task, job: dict, options: Any) -> JobRecord:
     try:
         metrics = dict(job.get("metrics") or {})
         common = {k: float(metrics.pop(k, 0.0) or 0.0) for k in COMMON_METRICS}
-        rec = JobRecord(id=job["id"], task=job["task"], started_at=job.get("started_at", ""), options=options,
-                        card=card_of(job.get("model"), job.get("runtime"), task.name),
-                        runtime=job.get("runtime"), device=job.get("device"), dtype=job.get("dtype"),
-                        status=job.get("status", "ok"), error=job.get("error"),
-                        chain_id=job.get("chain_id"), stage=job.get("stage"), **common)
-        rec.items = [ev.Item(it["index"], it["input"], from_json(task.Result, it["result"]))
-                     for it in job.get("items") or []]
+        rec = JobRecord(
+            id=job["id"],
+            task=job["task"],
+            started_at=job.get("started_at", ""),
+            options=options,
+            card=card_of(job.get("model"), job.get("runtime"), task.name),
+            runtime=job.get("runtime"),
+            device=job.get("device"),
+            dtype=job.get("dtype"),
+            status=job.get("status", "ok"),
+            error=job.get("error"),
+            chain_id=job.get("chain_id"),
+            stage=job.get("stage"),
+            **common,
+        )
+        rec.items = [
+            ev.Item(it["index"], it["input"], from_json(task.Result, it["result"])) for it in job.get("items") or []
+        ]
         rec.errors = [ev.ItemError(e["index"], e["input"], e["error"]) for e in job.get("errors") or []]
         rec.metrics = build(task.Metrics, metrics)
     except (KeyError, TypeError) as exc:
-        raise TaskError(f"the server's answer is not a {task.name} job as this taskrun knows it "
-                        f"({type(exc).__name__}: {exc}); use the same taskrun version on both sides") from None
+        raise TaskError(
+            f"the server's answer is not a {task.name} job as this taskrun knows it "
+            f"({type(exc).__name__}: {exc}); use the same taskrun version on both sides"
+        ) from None
     rec.n_inputs = len(rec.items) + len(rec.errors)
     return rec

@@ -1,3 +1,4 @@
-"""The run log: every job in one SQLite file (``store``), found again by its texts (``search``),
-its faults put in words (``faults``), and rows of killed jobs told from live ones (``liveness``).
+"""The run log: every job in one SQLite file (``store``, its ``schema`` and a job's ``rows``), found
+again by its texts (``search``), its faults in words (``faults``), killed jobs told from live ones
+(``liveness``).
 """

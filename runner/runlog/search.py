@@ -29,17 +29,21 @@ def search(db: sqlite3.Connection, fts: bool, text: str, n: int, task: str | Non
         query = fts_query(text)
         if query is None:
             return []
-        sql = ("SELECT r.* FROM runs r WHERE r.id IN (SELECT t.run_id FROM run_texts_fts f "
-               "JOIN run_texts t ON t.rowid = f.rowid WHERE run_texts_fts MATCH ?)")
+        sql = (
+            "SELECT r.* FROM runs r WHERE r.id IN (SELECT t.run_id FROM run_texts_fts f "
+            "JOIN run_texts t ON t.rowid = f.rowid WHERE run_texts_fts MATCH ?)"
+        )
         args = [query, *args]
     else:
-        print("note: this Python's SQLite has no FTS5; searching the texts one by one (slower)",
-              file=sys.stderr)
+        print("note: this Python's SQLite has no FTS5; searching the texts one by one (slower)", file=sys.stderr)
         words = _WORD.findall(text)
         if not words:
             return []
-        sql = ("SELECT r.* FROM runs r WHERE r.id IN (SELECT run_id FROM run_texts WHERE "
-               + " AND ".join("text LIKE ?" for _ in words) + ")")
+        sql = (
+            "SELECT r.* FROM runs r WHERE r.id IN (SELECT run_id FROM run_texts WHERE "
+            + " AND ".join("text LIKE ?" for _ in words)
+            + ")"
+        )
         args = [f"%{w}%" for w in words] + args
     sql += where + " ORDER BY r.started_at DESC, r.rowid DESC LIMIT ?"
     return db.execute(sql, (*args, n)).fetchall()

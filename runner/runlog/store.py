@@ -30,73 +30,9 @@ from typing import Any
 from taskrun.runner.runlog import liveness
 from taskrun.runner.runlog.faults import fix as _fix
 from taskrun.runner.runlog.faults import why
+from taskrun.runner.runlog.schema import COLUMNS, FTS, JSON_COLUMNS, MIGRATIONS, UPSERT
 from taskrun.tasks.base import TaskError
 
-MIGRATIONS: list[str] = [
-    # 1: the jobs table
-    """
-    CREATE TABLE runs (
-        id TEXT PRIMARY KEY,
-        started_at TEXT NOT NULL,
-        task TEXT NOT NULL,
-        model TEXT,
-        model_path TEXT,
-        model_digest TEXT,
-        model_source TEXT,
-        runtime TEXT,
-        device TEXT,
-        dtype TEXT,
-        options TEXT,
-        input_digest TEXT,
-        inputs INTEGER,
-        summary TEXT,
-        metrics TEXT,
-        versions TEXT,
-        status TEXT NOT NULL,
-        error TEXT
-    );
-    CREATE INDEX runs_started ON runs(started_at);
-    CREATE INDEX runs_task ON runs(task);
-    """,
-    # 2: chains: one row per stage, linked by chain_id, in stage order
-    """
-    ALTER TABLE runs ADD COLUMN chain_id TEXT;
-    ALTER TABLE runs ADD COLUMN stage INTEGER;
-    CREATE INDEX runs_chain ON runs(chain_id);
-    """,
-    # 3: what the job told the user besides its results (a model switched for the language, ...)
-    """
-    ALTER TABLE runs ADD COLUMN notes TEXT;
-    """,
-    # 4: rows written at a job's start (status 'running') name the process that runs it, so a
-    #    reader can tell a live job from a killed one; the partial index finds them cheaply
-    """
-    ALTER TABLE runs ADD COLUMN host TEXT;
-    ALTER TABLE runs ADD COLUMN pid INTEGER;
-    ALTER TABLE runs ADD COLUMN pid_start TEXT;
-    CREATE INDEX runs_running ON runs(status) WHERE status = 'running';
-    """,
-    # 5: the texts of a job (prompts and answers, transcripts) unless text logging is off;
-    #    the full-text index over them (FTS5) is made beside it where SQLite has FTS5
-    """
-    CREATE TABLE run_texts (
-        run_id TEXT NOT NULL,
-        item INTEGER NOT NULL,
-        role TEXT NOT NULL,
-        text TEXT NOT NULL
-    );
-    CREATE INDEX run_texts_run ON run_texts(run_id);
-    """,
-]
-
-COLUMNS = ("id", "started_at", "task", "model", "model_path", "model_digest", "model_source", "runtime",
-           "device", "dtype", "options", "input_digest", "inputs", "summary", "metrics", "versions",
-           "status", "error", "chain_id", "stage", "notes", "host", "pid", "pid_start")
-_JSON_COLUMNS = {"options", "metrics", "versions", "notes"}
-_UPSERT = (f"INSERT INTO runs ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))}) "
-           f"ON CONFLICT(id) DO UPDATE SET " + ", ".join(f"{c} = excluded.{c}" for c in COLUMNS[1:]))
-_FTS = ("CREATE VIRTUAL TABLE run_texts_fts USING fts5(text, content='run_texts', content_rowid='rowid', "
-        "tokenize='unicode61 remove_diacritics 2')")
 TEXT_LIMIT = 256 * 1024  # characters kept of one text (a prompt, an answer, a transcript)
 DEFAULT_TIMEOUT_S = 30.0
 
@@ -216,7 +152,7 @@ class RunLog:
                     db.execute(stmt)
                 db.execute(f"PRAGMA user_version = {i}")
             if want_fts and not _table(db, "run_texts_fts"):
-                db.execute(_FTS)  # texts logged where FTS5 was missing are indexed now
+                db.execute(FTS)  # texts logged where FTS5 was missing are indexed now
                 db.execute("INSERT INTO run_texts_fts(run_texts_fts) VALUES ('rebuild')")
             db.execute("COMMIT")
         except BaseException:
@@ -235,8 +171,11 @@ class RunLog:
         if kind in self._warned:
             return
         self._warned.add(kind)
-        print(f"warning: run log {self.path}: {words}; the job runs but is not logged; "
-              f"{_fix(self.path, kind)}", file=sys.stderr, flush=True)
+        print(
+            f"warning: run log {self.path}: {words}; the job runs but is not logged; {_fix(self.path, kind)}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def _write(self, fn: Callable[[sqlite3.Connection], None]) -> bool:
         if self.problem is not None:  # tried again each time: a server logs again once it is fixed
@@ -275,17 +214,20 @@ class RunLog:
         values = []
         for col in COLUMNS:
             v = row.get(col)
-            values.append(json.dumps(v, default=str) if col in _JSON_COLUMNS and v is not None else v)
+            values.append(json.dumps(v, default=str) if col in JSON_COLUMNS and v is not None else v)
         texts = row.get("texts") if self.keep_text and row.get("status") != "running" else None
 
         def write(db: sqlite3.Connection) -> None:
-            db.execute(_UPSERT, values)
+            db.execute(UPSERT, values)
             for item, role, text in texts or ():
-                cur = db.execute("INSERT INTO run_texts (run_id, item, role, text) VALUES (?, ?, ?, ?)",
-                                 (row["id"], item, role, text[:TEXT_LIMIT]))
+                cur = db.execute(
+                    "INSERT INTO run_texts (run_id, item, role, text) VALUES (?, ?, ?, ?)",
+                    (row["id"], item, role, text[:TEXT_LIMIT]),
+                )
                 if self.fts:
-                    db.execute("INSERT INTO run_texts_fts(rowid, text) VALUES (?, ?)",
-                               (cur.lastrowid, text[:TEXT_LIMIT]))
+                    db.execute(
+                        "INSERT INTO run_texts_fts(rowid, text) VALUES (?, ?)", (cur.lastrowid, text[:TEXT_LIMIT])
+                    )
 
         return self._write(write)
 
@@ -313,8 +255,10 @@ class RunLog:
             return
         db.execute("PRAGMA busy_timeout=200")  # a reader never waits long for this
         try:
-            db.executemany("UPDATE runs SET status = 'interrupted', error = ? WHERE id = ? AND status = 'running'",
-                           [(liveness.GONE, i) for i in gone])
+            db.executemany(
+                "UPDATE runs SET status = 'interrupted', error = ? WHERE id = ? AND status = 'running'",
+                [(liveness.GONE, i) for i in gone],
+            )
         except sqlite3.Error:  # shown as they are; a later reader marks them
             pass
         finally:
@@ -337,14 +281,21 @@ class RunLog:
 
     def get(self, run_id: str) -> dict | None:
         """One run by id, or by a unique prefix of its id."""
-        rows = self._read(lambda db: db.execute("SELECT * FROM runs WHERE id LIKE ? LIMIT 2",
-                                                (run_id + "%",)).fetchall())
+        rows = self._read(
+            lambda db: db.execute("SELECT * FROM runs WHERE id LIKE ? LIMIT 2", (run_id + "%",)).fetchall()
+        )
         return self._decode(rows[0]) if len(rows) == 1 else None
 
     def texts(self, run_id: str) -> list[dict]:
         """The texts kept for a run, in item order: ``{"item", "role", "text"}``."""
-        return self._read(lambda db: [dict(r) for r in db.execute(
-            "SELECT item, role, text FROM run_texts WHERE run_id = ? ORDER BY item, rowid", (run_id,))])
+        return self._read(
+            lambda db: [
+                dict(r)
+                for r in db.execute(
+                    "SELECT item, role, text FROM run_texts WHERE run_id = ? ORDER BY item, rowid", (run_id,)
+                )
+            ]
+        )
 
     def search(self, text: str, n: int = 20, task: str | None = None) -> list[dict]:
         """Runs whose texts hold every word of ``text``, newest first (FTS5; without it, a slower
@@ -359,7 +310,7 @@ class RunLog:
     @staticmethod
     def _decode(row: sqlite3.Row) -> dict:
         d = dict(row)
-        for col in _JSON_COLUMNS:
+        for col in JSON_COLUMNS:
             if d.get(col):
                 d[col] = json.loads(d[col])
         return d

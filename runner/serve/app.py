@@ -19,11 +19,11 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from taskrun.tasks.wire.errors import APIError, from_task_error
 from taskrun.runner.serve.security import Guard
 from taskrun.runner.serve.service import InternalError, Service
 from taskrun.runner.serve.settings import Settings
 from taskrun.tasks.base import TaskError
+from taskrun.tasks.wire.errors import APIError, from_task_error
 
 log = logging.getLogger("taskrun.serve")
 
@@ -82,8 +82,10 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException):
-        message = {404: f"no endpoint {request.method} {request.url.path}",
-                   405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, str(exc.detail))
+        message = {
+            404: f"no endpoint {request.method} {request.url.path}",
+            405: f"{request.method} is not allowed on {request.url.path}",
+        }.get(exc.status_code, str(exc.detail))
         kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
         return _error(APIError(exc.status_code, message, type=kind), dict(exc.headers or {}))
 
@@ -113,6 +115,7 @@ def _install_ops(app: FastAPI, service: Service) -> None:
 
 async def _preload(service: Service, model: str) -> None:
     """Load ``model`` on its own worker thread, so /health says ready only once it is warm."""
+
     def load():
         from taskrun.pipelines import load_pipeline
 

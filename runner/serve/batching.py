@@ -17,11 +17,11 @@ import json
 import threading
 import time
 
-from taskrun.tasks.wire.jobspec import JobSpec
-from taskrun.tasks.wire.errors import APIError, from_task_error
 from taskrun.runner.serve.service import InternalError, log
 from taskrun.runner.serve.workers import ServerJob
 from taskrun.tasks.base import TaskError
+from taskrun.tasks.wire.errors import APIError, from_task_error
+from taskrun.tasks.wire.jobspec import JobSpec
 
 
 class _Batch:
@@ -56,6 +56,7 @@ class EmbedBatcher:
     def __init__(self, service, window_s: float = 0.005, max_texts: int = 256) -> None:
         self.service, self.window_s, self.max_texts = service, window_s, max_texts
         self.open: dict[tuple, _Batch] = {}
+        self.running: set[asyncio.Task] = set()  # the loop keeps only weak references to tasks
 
     async def run(self, spec: JobSpec):
         """This request's embeddings → (JobRecord with only its items, run id)."""
@@ -80,7 +81,9 @@ class EmbedBatcher:
             for _, future in batch.close():
                 future.set_exception(exc)
             return
-        asyncio.ensure_future(self._run(key, batch, worker))
+        task = asyncio.ensure_future(self._run(key, batch, worker))
+        self.running.add(task)
+        task.add_done_callback(self.running.discard)
 
     async def _run(self, key: tuple, batch: _Batch, worker) -> None:
         loop = asyncio.get_running_loop()
@@ -90,16 +93,28 @@ class EmbedBatcher:
             parts = batch.close()
             loop.call_soon_threadsafe(self._forget, key, batch)
             state["parts"] = parts
-            merged = JobSpec("embed", [inp for spec, _ in parts for inp in spec.inputs], batch.options,
-                             model=batch.model, runtime=batch.runtime)
-            job = state["job"] = ServerJob(merged, self.service.log, loop, None, self.service.settings.device,
-                                           self.service.settings.dtype, self.service.loads)
+            merged = JobSpec(
+                "embed",
+                [inp for spec, _ in parts for inp in spec.inputs],
+                batch.options,
+                model=batch.model,
+                runtime=batch.runtime,
+            )
+            job = state["job"] = ServerJob(
+                merged,
+                self.service.log,
+                loop,
+                None,
+                self.service.settings.device,
+                self.service.settings.dtype,
+                self.service.loads,
+            )
             job.submitted = batch.launched_at
             return job.execute()
 
         try:
             rec = await worker.run(execute)
-        except Exception as exc:  # noqa: BLE001  every request of the batch gets the job's error
+        except Exception as exc:
             self._fail(batch, state, exc)
             return
         self.service.metrics.batch_size.labels(batch.model).observe(len(state["parts"]))
@@ -134,6 +149,7 @@ class EmbedBatcher:
 
 def record_slice(rec, offset: int, count: int):
     """The record as one request of a merged job sees it: its own items and errors, indexed from 0."""
+
     def mine(index: int) -> bool:
         return offset <= index < offset + count
 

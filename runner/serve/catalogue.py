@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import threading
 
-from taskrun.tasks.wire.errors import APIError
 from taskrun.tasks.base import TaskError
+from taskrun.tasks.wire.errors import APIError
 
 
 class Catalogue:
@@ -38,10 +38,22 @@ class Catalogue:
         for name in self.preload:
             if name not in names:
                 card = resolve(name, offline=True)
-                rows.append({"name": name, "available": True, "path": card.path, "size_bytes": card.size_bytes,
-                             "digest": card.digest, "runtime": card.runtime, "runtimes": list(card.runtimes),
-                             "tasks": list(card.tasks), "architecture": card.architecture,
-                             "source": card.source, "format": card.format, "description": ""})
+                rows.append(
+                    {
+                        "name": name,
+                        "available": True,
+                        "path": card.path,
+                        "size_bytes": card.size_bytes,
+                        "digest": card.digest,
+                        "runtime": card.runtime,
+                        "runtimes": list(card.runtimes),
+                        "tasks": list(card.tasks),
+                        "architecture": card.architecture,
+                        "source": card.source,
+                        "format": card.format,
+                        "description": "",
+                    }
+                )
         for r in rows:
             try:
                 r["created"] = int(os.path.getmtime(r["path"]))
@@ -56,8 +68,12 @@ class Catalogue:
         with self._cards_lock:
             if name not in self._cards:
                 if name not in aliases() and name not in self.preload:
-                    raise APIError(404, f"no model named '{name}' on this server; GET /v1/models lists them",
-                                   param="model", code="model_not_found")
+                    raise APIError(
+                        404,
+                        f"no model named '{name}' on this server; GET /v1/models lists them",
+                        param="model",
+                        code="model_not_found",
+                    )
                 self._cards[name] = resolve(name, offline=True)
             return self._cards[name]
 
@@ -74,7 +90,11 @@ class Catalogue:
         except TaskError as exc:
             raise from_task_error(exc) from None
         if task not in card.tasks:
-            raise APIError(400, f"`{name}` serves {', '.join(card.tasks) or 'no task'}, not {task}; "
-                                f"GET /v1/models lists each model's tasks", param="model",
-                           code="model_task_mismatch")
+            raise APIError(
+                400,
+                f"`{name}` serves {', '.join(card.tasks) or 'no task'}, not {task}; "
+                f"GET /v1/models lists each model's tasks",
+                param="model",
+                code="model_task_mismatch",
+            )
         return name

@@ -15,9 +15,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from taskrun.tasks.wire.jobspec import Uploads
-from taskrun.tasks.wire.errors import APIError, invalid
 from taskrun.tasks.base import to_jsonable
+from taskrun.tasks.wire.errors import APIError, invalid
+from taskrun.tasks.wire.jobspec import Uploads
 
 RUN_ID_HEADER = "X-Taskrun-Run-Id"
 _NOTHING = object()
@@ -60,6 +60,7 @@ def release(uploads: Uploads | None, running=None) -> None:
 def on_close(running, uploads: Uploads | None) -> Callable[[], None]:
     """What a stream does when it ends or its client leaves: cancel the job (it stops at its next
     event) and release the request's files once the job is done with them."""
+
     def close() -> None:
         running.cancel()
         release(uploads, running)
@@ -88,6 +89,7 @@ async def opened(running) -> AsyncIterator[Any]:
 
 def ndjson(lines: AsyncIterator[dict], on_close: Callable[[], None], run_id: str | None = None) -> Response:
     """A streamed ``application/x-ndjson`` response, one JSON object per line."""
+
     async def body():
         try:
             async for line in lines:
@@ -108,7 +110,11 @@ def sse(chunks: AsyncIterator[dict | str], on_close: Callable[[], None]) -> Resp
     async def body():
         try:
             async for chunk in chunks:
-                yield {"data": chunk if isinstance(chunk, str) else json.dumps(chunk, ensure_ascii=False, separators=(",", ":"))}
+                yield {
+                    "data": chunk
+                    if isinstance(chunk, str)
+                    else json.dumps(chunk, ensure_ascii=False, separators=(",", ":"))
+                }
         finally:
             on_close()
 

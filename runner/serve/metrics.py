@@ -39,19 +39,36 @@ class ServerMetrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
         self.requests = Counter("taskrun_requests", "HTTP requests answered", ["endpoint", "status"], registry=r)
-        self.errors = Counter("taskrun_request_errors", "requests answered with a 4xx or 5xx",
-                              ["endpoint", "status", "code"], registry=r)
+        self.errors = Counter(
+            "taskrun_request_errors", "requests answered with a 4xx or 5xx", ["endpoint", "status", "code"], registry=r
+        )
         self.jobs = Counter("taskrun_jobs", "jobs run, by outcome", ["task", "model", "status"], registry=r)
-        self.latency = Histogram("taskrun_job_latency_seconds", "job wall time, queue wait excluded",
-                                 ["task", "model"], buckets=LATENCY, registry=r)
-        self.queue_wait = Histogram("taskrun_queue_wait_seconds", "time a job waited for its model's thread",
-                                    ["task", "model"], buckets=LATENCY, registry=r)
-        self.queue_depth = Gauge("taskrun_queue_depth", "jobs waiting or running, per model", ["model"],
-                                 registry=r)
-        self.batch_size = Histogram("taskrun_embed_batch_requests", "requests merged into one embeddings job",
-                                    ["model"], buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r)
-        self.task = {name: Histogram(f"taskrun_task_{name}", doc, ["task", "model"], buckets=b, registry=r)
-                     for name, (doc, b) in TASK_METRICS.items()}
+        self.latency = Histogram(
+            "taskrun_job_latency_seconds",
+            "job wall time, queue wait excluded",
+            ["task", "model"],
+            buckets=LATENCY,
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "taskrun_queue_wait_seconds",
+            "time a job waited for its model's thread",
+            ["task", "model"],
+            buckets=LATENCY,
+            registry=r,
+        )
+        self.queue_depth = Gauge("taskrun_queue_depth", "jobs waiting or running, per model", ["model"], registry=r)
+        self.batch_size = Histogram(
+            "taskrun_embed_batch_requests",
+            "requests merged into one embeddings job",
+            ["model"],
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+            registry=r,
+        )
+        self.task = {
+            name: Histogram(f"taskrun_task_{name}", doc, ["task", "model"], buckets=b, registry=r)
+            for name, (doc, b) in TASK_METRICS.items()
+        }
 
     def request(self, endpoint: str, status: int, code: str | None = None) -> None:
         self.requests.labels(endpoint, str(status)).inc()

@@ -14,13 +14,13 @@ import json
 from fastapi import FastAPI
 from starlette.requests import Request
 
-from taskrun.tasks.wire.jobspec import JobSpec, Uploads, job_from_native
-from taskrun.tasks.wire.errors import APIError, from_task_error, invalid
 from taskrun.runner.serve.httpio import answer, json_body, ndjson, on_close, opened, release
-from taskrun.tasks.wire.openai_api import MAX_INPUTS, MAX_TEXT_CHARS
-from taskrun.tasks.wire.native import collect_files, done_line, error_line, event_to_wire, scrub
 from taskrun.tasks import REGISTRY
 from taskrun.tasks.base import TaskError
+from taskrun.tasks.wire.errors import APIError, from_task_error, invalid
+from taskrun.tasks.wire.fields import MAX_INPUTS, MAX_TEXT_CHARS
+from taskrun.tasks.wire.jobspec import JobSpec, Uploads, job_from_native
+from taskrun.tasks.wire.native import collect_files, done_line, error_line, event_to_wire, scrub
 
 
 def register(app: FastAPI, service) -> None:
@@ -92,8 +92,7 @@ def check_inputs(spec: JobSpec) -> None:
         raise invalid("input", f"{len(spec.inputs)} inputs; the limit is {MAX_INPUTS} per request")
     for inp in spec.inputs:
         if inp.text is not None and len(inp.text) > MAX_TEXT_CHARS:
-            raise invalid("input", f"{inp.source} is {len(inp.text):,} characters; the limit is "
-                                   f"{MAX_TEXT_CHARS:,}")
+            raise invalid("input", f"{inp.source} is {len(inp.text):,} characters; the limit is {MAX_TEXT_CHARS:,}")
 
 
 def _server_options(task: str, options: dict, uploads: Uploads, corpora: dict[str, str]) -> dict:
@@ -108,8 +107,9 @@ def _server_options(task: str, options: dict, uploads: Uploads, corpora: dict[st
     if task == "generate" and options.get("json_schema") not in (None, ""):
         schema = options.pop("json_schema")
         if not isinstance(schema, (dict, bool)):
-            raise invalid("options.json_schema", "options.json_schema is the JSON Schema itself (an object), "
-                                                 "not a file name")
+            raise invalid(
+                "options.json_schema", "options.json_schema is the JSON Schema itself (an object), not a file name"
+            )
         path = uploads.dir / "schema.json"
         path.write_text(json.dumps(schema), encoding="utf-8")
         out["json_schema"] = str(path)
@@ -122,8 +122,11 @@ def _corpus(name, corpora: dict[str, str]) -> str:
     if name in corpora:
         return corpora[name]
     offered = ", ".join(corpora) or "none (start the server with --corpus NAME=DIR)"
-    raise invalid("options.corpus", f"options.corpus names one of this server's corpora: {offered}"
-                  + (f" (got {name!r})" if name is not None else ""))
+    raise invalid(
+        "options.corpus",
+        f"options.corpus names one of this server's corpora: {offered}"
+        + (f" (got {name!r})" if name is not None else ""),
+    )
 
 
 def _annotation_target(value, uploads: Uploads) -> str:
@@ -133,6 +136,8 @@ def _annotation_target(value, uploads: Uploads) -> str:
         folder.mkdir(exist_ok=True)
         return str(folder)
     if not isinstance(value, str) or "/" in value or "\\" in value or value.startswith("."):
-        raise invalid("options.annotate", "options.annotate is true or a file name such as boxes.png "
-                                          "(no folders); the drawing comes back in \"files\"")
+        raise invalid(
+            "options.annotate",
+            'options.annotate is true or a file name such as boxes.png (no folders); the drawing comes back in "files"',
+        )
     return str(uploads.dir / value)

@@ -13,12 +13,12 @@ import time
 from fastapi import FastAPI
 from starlette.requests import Request
 
-from taskrun.tasks.wire.jobspec import Uploads
-from taskrun.tasks.wire import ollama_api as ol
-from taskrun.tasks.wire.errors import APIError
 from taskrun.runner.serve.httpio import answer, json_body, ndjson, on_close, opened, release
 from taskrun.runner.serve.routes_openai import embed
 from taskrun.tasks import events as ev
+from taskrun.tasks.wire import ollama_api as ol
+from taskrun.tasks.wire.errors import APIError
+from taskrun.tasks.wire.jobspec import Uploads
 
 
 def register(app: FastAPI, service) -> None:
@@ -41,8 +41,11 @@ def register(app: FastAPI, service) -> None:
         spec = ol.embed_spec(body)
         rec, run_id = await embed(service, spec, request)
         if body.get("truncate") is False and any(r.truncated for r in rec.results):
-            raise APIError(400, "an input is longer than the model's context window; shorten it or "
-                                "leave truncate on", param="input")
+            raise APIError(
+                400,
+                "an input is longer than the model's context window; shorten it or leave truncate on",
+                param="input",
+            )
         return answer(ol.embed_body(spec.model, rec, time.perf_counter() - t0), run_id)
 
 

@@ -12,12 +12,12 @@ import uuid
 from fastapi import FastAPI
 from starlette.requests import Request
 
-from taskrun.tasks.wire.jobspec import Uploads
+from taskrun.runner.serve.httpio import answer, json_body, on_close, opened, release, sse
+from taskrun.tasks import events as ev
 from taskrun.tasks.wire import openai_api as oa
 from taskrun.tasks.wire.errors import APIError
-from taskrun.runner.serve.httpio import answer, json_body, on_close, opened, release, sse
+from taskrun.tasks.wire.jobspec import Uploads
 from taskrun.tasks.wire.openai_out import CompletionChunks
-from taskrun.tasks import events as ev
 
 
 def register(app: FastAPI, service) -> None:
@@ -30,8 +30,12 @@ def register(app: FastAPI, service) -> None:
     async def model(model: str):
         row = next((r for r in await asyncio.to_thread(service.catalogue.rows) if r["name"] == model), None)
         if row is None:
-            raise APIError(404, f"no model named '{model}' on this server; GET /v1/models lists them",
-                           param="model", code="model_not_found")
+            raise APIError(
+                404,
+                f"no model named '{model}' on this server; GET /v1/models lists them",
+                param="model",
+                code="model_not_found",
+            )
         return model_object(row)
 
     @app.post(oa.CHAT)
@@ -59,9 +63,17 @@ def register(app: FastAPI, service) -> None:
 
 def model_object(row: dict) -> dict:
     """An OpenAI model object, with what taskrun knows about it."""
-    return {"id": row["name"], "object": "model", "created": row.get("created", 0), "owned_by": "taskrun",
-            "tasks": row["tasks"], "digest": row["digest"], "runtime": row["runtime"],
-            "size_bytes": row["size_bytes"], "description": row.get("description", "")}
+    return {
+        "id": row["name"],
+        "object": "model",
+        "created": row.get("created", 0),
+        "owned_by": "taskrun",
+        "tasks": row["tasks"],
+        "digest": row["digest"],
+        "runtime": row["runtime"],
+        "size_bytes": row["size_bytes"],
+        "description": row.get("description", ""),
+    }
 
 
 async def embed(service, spec, request: Request):

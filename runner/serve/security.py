@@ -20,8 +20,11 @@ OPEN_PATHS = {"/health"}
 
 class BodyTooLarge(APIError):
     def __init__(self, limit: int) -> None:
-        super().__init__(413, f"the request body is over this server's limit of {limit / 1e6:g} MB "
-                              f"(run serve --max-body-mb)", code="request_too_large")
+        super().__init__(
+            413,
+            f"the request body is over this server's limit of {limit / 1e6:g} MB (run serve --max-body-mb)",
+            code="request_too_large",
+        )
 
 
 def _key_ok(headers: dict[bytes, bytes], key: str) -> bool:
@@ -43,16 +46,16 @@ class Guard:
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or [])
         if self.api_key and scope["path"] not in OPEN_PATHS and not _key_ok(headers, self.api_key):
-            err = APIError(401, "missing or wrong API key: send the header Authorization: Bearer KEY",
-                           code="invalid_api_key")
+            err = APIError(
+                401, "missing or wrong API key: send the header Authorization: Bearer KEY", code="invalid_api_key"
+            )
             return await self._refuse(scope, receive, send, err, {"WWW-Authenticate": "Bearer"})
         try:
             declared = int(headers.get(b"content-length", b"0") or 0)
         except ValueError:
             return await self._refuse(scope, receive, send, APIError(400, "bad Content-Length header"))
         if declared > self.max_body:
-            return await self._refuse(scope, receive, send, BodyTooLarge(self.max_body),
-                                      {"Connection": "close"})
+            return await self._refuse(scope, receive, send, BodyTooLarge(self.max_body), {"Connection": "close"})
         await self.app(scope, self._counting(receive), send)
 
     def _counting(self, receive):

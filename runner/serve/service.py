@@ -14,13 +14,13 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from taskrun.tasks.wire.jobspec import JobSpec
 from taskrun.runner.serve.catalogue import Catalogue
-from taskrun.tasks.wire.errors import APIError, from_task_error
 from taskrun.runner.serve.metrics import ServerMetrics
 from taskrun.runner.serve.settings import Settings
 from taskrun.runner.serve.workers import LoadGate, ServerJob, Workers
 from taskrun.tasks.base import TaskError
+from taskrun.tasks.wire.errors import APIError, from_task_error
+from taskrun.tasks.wire.jobspec import JobSpec
 
 log = logging.getLogger("taskrun.serve")
 _END = object()
@@ -37,8 +37,9 @@ class InternalError(APIError):
 class Running:
     """A job on its way: its events (when streamed) and its record."""
 
-    def __init__(self, service: Service, job: ServerJob, model: str, future: asyncio.Future,
-                 events: asyncio.Queue | None) -> None:
+    def __init__(
+        self, service: Service, job: ServerJob, model: str, future: asyncio.Future, events: asyncio.Queue | None
+    ) -> None:
         self.service, self.job, self.model, self.future, self.queue = service, job, model, future, events
         # A stream closed early never asks for the outcome: mark it seen (it is in the run log).
         future.add_done_callback(lambda f: f.cancelled() or f.exception())
@@ -108,8 +109,15 @@ class Service:
         spec.model = model
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue | None = asyncio.Queue() if stream else None
-        job = ServerJob(spec, self.log, loop, queue.put_nowait if queue is not None else None,
-                        self.settings.device, self.settings.dtype, self.loads)
+        job = ServerJob(
+            spec,
+            self.log,
+            loop,
+            queue.put_nowait if queue is not None else None,
+            self.settings.device,
+            self.settings.dtype,
+            self.loads,
+        )
         worker = self.workers.get(model)
         worker.admit()  # 503 when the queue is full
         future = asyncio.ensure_future(self._execute(worker, job, model))

@@ -43,8 +43,10 @@ def check_exposure(host: str, api_key: str | None, no_auth: bool) -> None:
     if api_key and no_auth:
         raise TaskError("--api-key and --no-auth contradict each other; give one")
     if not is_loopback(host) and not api_key and not no_auth:
-        raise TaskError(f"--host {host} lets other machines reach this server; give --api-key KEY "
-                        f"(or TASKRUN_API_KEY), or --no-auth to serve without one on purpose")
+        raise TaskError(
+            f"--host {host} lets other machines reach this server; give --api-key KEY "
+            f"(or TASKRUN_API_KEY), or --no-auth to serve without one on purpose"
+        )
 
 
 def parse_corpora(values: tuple[str, ...]) -> dict[str, str]:

@@ -23,9 +23,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from taskrun.runner.jobs import run_spec
-from taskrun.tasks.wire.jobspec import JobSpec
-from taskrun.tasks.wire.errors import APIError
 from taskrun.tasks.base import TaskError
+from taskrun.tasks.wire.errors import APIError
+from taskrun.tasks.wire.jobspec import JobSpec
 
 CANCELLED = "cancelled by the client"
 
@@ -37,8 +37,12 @@ class ClientGone(TaskError):
 
 class QueueFull(APIError):
     def __init__(self, model: str, limit: int, retry_after: int) -> None:
-        super().__init__(503, f"the queue for {model} is full ({limit} waiting); retry in a few seconds",
-                         type="server_error", code="queue_full")
+        super().__init__(
+            503,
+            f"the queue for {model} is full ({limit} waiting); retry in a few seconds",
+            type="server_error",
+            code="queue_full",
+        )
         self.retry_after = retry_after
 
 
@@ -57,9 +61,16 @@ class CapturingLog:
 class ServerJob:
     """One job's thread side: runs the spec, forwards its events to the event loop, obeys cancel."""
 
-    def __init__(self, spec: JobSpec, log, loop: asyncio.AbstractEventLoop,
-                 forward: Callable[[Any], None] | None, device: str, dtype: str,
-                 loads: LoadGate | None = None) -> None:
+    def __init__(
+        self,
+        spec: JobSpec,
+        log,
+        loop: asyncio.AbstractEventLoop,
+        forward: Callable[[Any], None] | None,
+        device: str,
+        dtype: str,
+        loads: LoadGate | None = None,
+    ) -> None:
         self.spec, self.loop, self.forward, self.loads = spec, loop, forward, loads
         self.log = CapturingLog(log)
         self.device, self.dtype = device, dtype
@@ -91,8 +102,9 @@ class ServerJob:
         key = (self.spec.model, self.spec.task, self.spec.runtime)
         self._gate = key if self.loads is not None and self.loads.enter(key) else None
         try:
-            return run_spec(self.spec, log=self.log, on_event=self.on_event, device=self.device,
-                            dtype=self.dtype, offline=True)  # a client never makes the server download
+            return run_spec(
+                self.spec, log=self.log, on_event=self.on_event, device=self.device, dtype=self.dtype, offline=True
+            )  # a client never makes the server download
         finally:
             self._open_gate(loaded=False)  # still held: it ended before any event; the next one loads
 
@@ -106,9 +118,16 @@ class ServerJob:
 
         from taskrun.runner.jobs import new_id
 
-        self.log.append({"id": new_id(), "task": self.spec.task, "model": self.spec.model,
-                         "status": "failed", "error": CANCELLED + " before the job started",
-                         "started_at": datetime.now(timezone.utc).isoformat(timespec="milliseconds")})
+        self.log.append(
+            {
+                "id": new_id(),
+                "task": self.spec.task,
+                "model": self.spec.model,
+                "status": "failed",
+                "error": CANCELLED + " before the job started",
+                "started_at": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+            }
+        )
 
 
 class LoadGate:

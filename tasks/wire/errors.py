@@ -17,8 +17,14 @@ class APIError(Exception):
     machine-readable reason such as ``model_not_found``.
     """
 
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
 
@@ -43,8 +49,12 @@ def from_task_error(exc: TaskError) -> APIError:
 
 def unsupported(field: str, why: str = "") -> APIError:
     """400 for a request field taskrun does not implement: named, never silently ignored."""
-    return APIError(400, f"'{field}' is not supported by this server" + (f": {why}" if why else ""),
-                    param=field, code="unsupported_parameter")
+    return APIError(
+        400,
+        f"'{field}' is not supported by this server" + (f": {why}" if why else ""),
+        param=field,
+        code="unsupported_parameter",
+    )
 
 
 def invalid(field: str, message: str) -> APIError:

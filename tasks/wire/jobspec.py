@@ -66,7 +66,7 @@ class Uploads:
 
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def __enter__(self) -> "Uploads":
+    def __enter__(self) -> Uploads:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -104,17 +104,20 @@ def native_inputs(value: Any, *, uploads: Uploads | None, allow_paths: bool) -> 
             out.append(uploads.add(decode_base64(item["data"], where), str(item.get("name") or "")))
         elif isinstance(item, dict) and isinstance(item.get("path"), str):
             if not allow_paths:
-                raise TaskError(f"{where}: a path on the server's disk is not accepted; send the "
-                                f'file\'s bytes as {{"data": <base64>, "name": "..."}}')
+                raise TaskError(
+                    f"{where}: a path on the server's disk is not accepted; send the "
+                    f'file\'s bytes as {{"data": <base64>, "name": "..."}}'
+                )
             out.append(file_input(item["path"]))
         else:
-            raise TaskError(f'{where} must be a text, {{"text": ...}} or {{"data": <base64>, "name": ...}}'
-                            + (' or {"path": ...}' if allow_paths else ""))
+            raise TaskError(
+                f'{where} must be a text, {{"text": ...}} or {{"data": <base64>, "name": ...}}'
+                + (' or {"path": ...}' if allow_paths else "")
+            )
     return out
 
 
-def job_from_native(task: str, body: dict, *, uploads: Uploads | None = None,
-                    allow_paths: bool = False) -> JobSpec:
+def job_from_native(task: str, body: dict, *, uploads: Uploads | None = None, allow_paths: bool = False) -> JobSpec:
     """A native job ``{"input": ..., "options": {...}, "model": ..., "runtime": ...}`` for ``task``
     (the body of ``POST /v1/tasks/{task}``, and a taskrun-format ``run batch`` line)."""
     get_task(task)  # an unknown task is named before anything else
@@ -123,23 +126,31 @@ def job_from_native(task: str, body: dict, *, uploads: Uploads | None = None,
     known = {"input", "options", "model", "runtime", "id", "task"}
     unknown = sorted(set(body) - known)
     if unknown:
-        raise TaskError(f"unknown field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
-                        f"a job takes: {', '.join(sorted(known))}")
+        raise TaskError(
+            f"unknown field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+            f"a job takes: {', '.join(sorted(known))}"
+        )
     options = body.get("options") or {}
     if not isinstance(options, dict):
         raise TaskError('"options" must be an object of option names and values (see `run tasks`)')
     if not allow_paths:
         named = sorted(set(options) & path_options(task))
         if named:
-            raise TaskError(f"option {named[0]} names a path on the server's disk, which a client "
-                            f"may not do; see the server's docs for how to send it")
+            raise TaskError(
+                f"option {named[0]} names a path on the server's disk, which a client "
+                f"may not do; see the server's docs for how to send it"
+            )
     for key in ("model", "runtime"):
         if body.get(key) is not None and not isinstance(body[key], str):
             raise TaskError(f'"{key}" must be a string')
-    return JobSpec(task=task, inputs=native_inputs(body.get("input"), uploads=uploads,
-                                                   allow_paths=allow_paths),
-                   options=dict(options), model=body.get("model"), runtime=body.get("runtime"),
-                   id=None if body.get("id") is None else str(body["id"]))
+    return JobSpec(
+        task=task,
+        inputs=native_inputs(body.get("input"), uploads=uploads, allow_paths=allow_paths),
+        options=dict(options),
+        model=body.get("model"),
+        runtime=body.get("runtime"),
+        id=None if body.get("id") is None else str(body["id"]),
+    )
 
 
 def path_options(task: str) -> set[str]:

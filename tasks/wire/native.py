@@ -41,9 +41,15 @@ from typing import Any
 from taskrun.tasks import events as ev
 from taskrun.tasks.base import to_jsonable
 
-EVENT_NAMES: dict[type, str] = {ev.Token: "token", ev.Partial: "partial", ev.Step: "step",
-                                ev.Progress: "progress", ev.Notice: "notice", ev.Item: "item",
-                                ev.ItemError: "item_error"}
+EVENT_NAMES: dict[type, str] = {
+    ev.Token: "token",
+    ev.Partial: "partial",
+    ev.Step: "step",
+    ev.Progress: "progress",
+    ev.Notice: "notice",
+    ev.Item: "item",
+    ev.ItemError: "item_error",
+}
 
 
 def event_to_wire(event: Any) -> dict | None:

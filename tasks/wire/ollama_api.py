@@ -13,20 +13,22 @@ import json
 from datetime import datetime, timezone
 from typing import Any
 
-from taskrun.tasks.wire.jobspec import JobSpec, Uploads
 from taskrun.tasks.wire.errors import invalid, unsupported
-from taskrun.tasks.wire.openai_api import (
-    chat_messages,
-    check_fields,
-    model_of,
-    text_of,
-    typed,
-)
+from taskrun.tasks.wire.fields import check_fields, model_of, text_of, typed
+from taskrun.tasks.wire.jobspec import JobSpec, Uploads
+from taskrun.tasks.wire.openai_api import chat_messages
 from taskrun.tasks.wire.openai_out import finish_reason
 
 # Ollama option → generate option
-OPTIONS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "seed": "seed",
-           "num_predict": "max_tokens", "stop": "stop", "repeat_penalty": "repeat_penalty"}
+OPTIONS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "seed": "seed",
+    "num_predict": "max_tokens",
+    "stop": "stop",
+    "repeat_penalty": "repeat_penalty",
+}
 UNLIMITED = 1_000_000  # num_predict -1: until the answer ends or the window is full
 NS = 1_000_000_000
 
@@ -79,8 +81,12 @@ def generate_spec(body: dict, uploads: Uploads) -> JobSpec:
     _no_thinking(body)
     for key in ("images", "context"):
         if body.get(key):
-            raise unsupported(key, "taskrun's language models read text only" if key == "images"
-                              else "send the conversation to /api/chat instead")
+            raise unsupported(
+                key,
+                "taskrun's language models read text only"
+                if key == "images"
+                else "send the conversation to /api/chat instead",
+            )
     if body.get("suffix") or body.get("template"):
         raise unsupported("suffix" if body.get("suffix") else "template")
     options = {**sampling(body), **format_options(body, uploads), "stream": True}
@@ -139,10 +145,13 @@ def durations(rec, total_s: float) -> dict:
     m = rec.metrics
     out = {"total_duration": int(total_s * NS), "load_duration": int(rec.load_s * NS)}
     if m is not None and hasattr(m, "prefill_s"):
-        out.update(prompt_eval_count=m.input_tokens,
-                   prompt_eval_cached_count=int(getattr(m, "cached_prompt_tokens", 0) or 0),
-                   prompt_eval_duration=int(m.prefill_s * NS),
-                   eval_count=m.output_tokens, eval_duration=int(max(0.0, rec.wall_s - m.ttft_s) * NS))
+        out.update(
+            prompt_eval_count=m.input_tokens,
+            prompt_eval_cached_count=int(getattr(m, "cached_prompt_tokens", 0) or 0),
+            prompt_eval_duration=int(m.prefill_s * NS),
+            eval_count=m.output_tokens,
+            eval_duration=int(max(0.0, rec.wall_s - m.ttft_s) * NS),
+        )
     elif m is not None and hasattr(m, "input_tokens"):
         out["prompt_eval_count"] = sum(r.tokens for r in rec.results)
     return out
@@ -162,17 +171,28 @@ def final_line(chat: bool, model: str, rec, total_s: float, text: str = "") -> d
 
 
 def embed_body(model: str, rec, total_s: float) -> dict:
-    return {"model": model, "embeddings": [list(map(float, r.vector)) for r in rec.results],
-            **durations(rec, total_s)}
+    return {"model": model, "embeddings": [list(map(float, r.vector)) for r in rec.results], **durations(rec, total_s)}
 
 
 def tags_body(rows: list[dict]) -> dict:
     models = []
     for r in rows:
         modified = datetime.fromtimestamp(r.get("created", 0), timezone.utc).isoformat().replace("+00:00", "Z")
-        models.append({"name": r["name"], "model": r["name"], "modified_at": modified, "size": r["size_bytes"],
-                       "digest": r["digest"].removeprefix("sha256:"),
-                       "details": {"format": r.get("format", ""), "family": r.get("architecture", ""),
-                                   "families": [r.get("architecture", "")], "parameter_size": "",
-                                   "quantization_level": "", "tasks": r["tasks"]}})
+        models.append(
+            {
+                "name": r["name"],
+                "model": r["name"],
+                "modified_at": modified,
+                "size": r["size_bytes"],
+                "digest": r["digest"].removeprefix("sha256:"),
+                "details": {
+                    "format": r.get("format", ""),
+                    "family": r.get("architecture", ""),
+                    "families": [r.get("architecture", "")],
+                    "parameter_size": "",
+                    "quantization_level": "",
+                    "tasks": r["tasks"],
+                },
+            }
+        )
     return {"models": models}

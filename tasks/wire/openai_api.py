@@ -3,7 +3,7 @@
 Shared by the server's ``/v1/...`` endpoints and by ``run batch`` (OpenAI batch-file lines), so
 one parser decides what each OpenAI field means. Torch- and web-framework-free.
 
-Every field a request may carry is listed below, per endpoint: a field taskrun implements maps
+Every field a request may carry is listed per endpoint (the neutral ones in tasks/wire/fields.py): a field taskrun implements maps
 to a task option; a field with no effect here is accepted only at its neutral value (``n: 1``,
 ``logprobs: false``, ...); anything else is a 400 that names the field. Nothing is silently
 ignored, except ``user`` (an end-user id that OpenAI itself only records).
@@ -18,50 +18,37 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from taskrun.tasks.wire.jobspec import JobSpec, Uploads
+from taskrun.tasks.base import Input, TaskError
+from taskrun.tasks.inputs import file_input
 from taskrun.tasks.wire import openai_out
 from taskrun.tasks.wire.errors import APIError, from_task_error, invalid, unsupported
-from taskrun.tasks.base import Input, TaskError
-from taskrun.tasks.inputs import file_input, text_input
+from taskrun.tasks.wire.fields import (
+    MAX_IMAGES,
+    MAX_INPUTS,
+    MAX_MESSAGES,
+    MAX_TEXT_CHARS,
+    check_fields,
+    model_of,
+    text_of,
+    typed,
+)
+from taskrun.tasks.wire.jobspec import JobSpec, Uploads
 
 CHAT, COMPLETIONS, EMBEDDINGS = "/v1/chat/completions", "/v1/completions", "/v1/embeddings"
-TRANSCRIPTIONS, TRANSLATIONS, IMAGES = "/v1/audio/transcriptions", "/v1/audio/translations", \
-    "/v1/images/generations"
-TASK_OF = {CHAT: "generate", COMPLETIONS: "generate", EMBEDDINGS: "embed", TRANSCRIPTIONS: "transcribe",
-           TRANSLATIONS: "transcribe", IMAGES: "image"}
-
-MAX_TEXT_CHARS = 200_000  # one prompt, message or text: ~50k tokens, past any window taskrun runs
-MAX_INPUTS = 2048  # texts in one embeddings request (OpenAI's own limit)
-MAX_MESSAGES = 1000
-MAX_IMAGES = 10  # images per request (OpenAI's n limit)
-
-SAMPLING = {"max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "top_k",
-            "repeat_penalty"}
-# Fields with no effect in taskrun, accepted at these values only.
-NEUTRAL: dict[str, tuple] = {
-    "n": (1,), "logprobs": (False, None), "top_logprobs": (None, 0), "presence_penalty": (0, 0.0, None),
-    "frequency_penalty": (0, 0.0, None), "logit_bias": (None, {}), "tools": (None, []),
-    "tool_choice": (None, "none"), "functions": (None, []), "function_call": (None, "none"),
-    "parallel_tool_calls": (None,), "store": (None, False), "metadata": (None, {}),
-    "modalities": (None, ["text"]), "audio": (None,), "prediction": (None,), "reasoning_effort": (None,),
-    "service_tier": (None, "auto", "default"), "web_search_options": (None,), "echo": (False, None),
-    "suffix": (None, ""), "best_of": (None, 1), "dimensions": (None,), "quality": (None, "auto", "standard"),
-    "style": (None,), "background": (None, "auto"), "moderation": (None, "auto"),
-    "output_format": (None, "png"), "prompt": (None, ""),
+TRANSCRIPTIONS, TRANSLATIONS, IMAGES = "/v1/audio/transcriptions", "/v1/audio/translations", "/v1/images/generations"
+TASK_OF = {
+    CHAT: "generate",
+    COMPLETIONS: "generate",
+    EMBEDDINGS: "embed",
+    TRANSCRIPTIONS: "transcribe",
+    TRANSLATIONS: "transcribe",
+    IMAGES: "image",
 }
-TOLERATED = {"user"}
-# Why a neutral field cannot take another value, where "only X" does not say it.
-WHY_NOT = {"n": "one answer per request: send several requests, or several prompts to /v1/completions",
-           "tools": "taskrun does not call tools", "functions": "taskrun does not call tools",
-           "tool_choice": "taskrun does not call tools", "function_call": "taskrun does not call tools",
-           "logprobs": "log-probabilities are not reported", "top_logprobs": "log-probabilities are not reported",
-           "presence_penalty": "use repeat_penalty (taskrun's, as in llama.cpp) instead",
-           "frequency_penalty": "use repeat_penalty (taskrun's, as in llama.cpp) instead",
-           "dimensions": "vectors have the model's own length"}
+
+SAMPLING = {"max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "top_k", "repeat_penalty"}
 
 
-def job_from_openai(path: str, body: dict, *, uploads: Uploads | None,
-                    allow_paths: bool = False) -> JobSpec:
+def job_from_openai(path: str, body: dict, *, uploads: Uploads | None, allow_paths: bool = False) -> JobSpec:
     """The job for an OpenAI request to ``path`` (e.g. "/v1/chat/completions").
 
     For audio, ``body["file"]`` is the upload's bytes or ``(filename, bytes)``; with
@@ -71,64 +58,13 @@ def job_from_openai(path: str, body: dict, *, uploads: Uploads | None,
     field, or 404 for an unknown endpoint)."""
     parse = _PARSERS.get(path)
     if parse is None:
-        raise APIError(404, f"no OpenAI endpoint {path}; this server has: {', '.join(_PARSERS)}",
-                       code="not_found")
+        raise APIError(404, f"no OpenAI endpoint {path}; this server has: {', '.join(_PARSERS)}", code="not_found")
     if not isinstance(body, dict):
         raise invalid("body", "the request body must be a JSON object")
     try:
         return parse(path, body, uploads, allow_paths)
     except TaskError as exc:
         raise from_task_error(exc) from None
-
-
-# --------------------------------------------------------------------------- field checks
-
-
-def check_fields(body: dict, known: set[str]) -> None:
-    """Refuse a field this endpoint does not know, or a neutral one set to a value with an effect."""
-    for key, value in body.items():
-        if key in NEUTRAL and key not in known:
-            if value not in NEUTRAL[key]:
-                raise unsupported(key, WHY_NOT.get(key) or f"taskrun accepts only {_shown(NEUTRAL[key])} here")
-        elif key not in known and key not in TOLERATED:
-            raise unsupported(key, f"this endpoint takes: {', '.join(sorted(known | TOLERATED))}")
-
-
-def _shown(values: tuple) -> str:
-    return " or ".join(json.dumps(v) for v in values if v is not None) or "nothing (leave it out)"
-
-
-def typed(body: dict, key: str, kind: type | tuple, what: str) -> Any:
-    """``body[key]`` when it is of ``kind`` (None when absent); a 400 naming the field otherwise.
-    Form fields (multipart) arrive as strings and are converted."""
-    value = body.get(key)
-    if value is None:
-        return None
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if isinstance(value, str) and str not in kinds:
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
-            pass
-    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
-        raise invalid(key, f"'{key}' must be {what} (got {json.dumps(value)[:40]})")
-    return value
-
-
-def model_of(body: dict) -> str | None:
-    """The model named by the request (None: the task's default)."""
-    return typed(body, "model", str, "a model name (see GET /v1/models)") or None
-
-
-def text_of(value: Any, field: str) -> Input:
-    if not isinstance(value, str):
-        raise invalid(field, f"'{field}' must be a string")
-    if len(value) > MAX_TEXT_CHARS:
-        raise invalid(field, f"'{field}' is {len(value):,} characters; the limit is {MAX_TEXT_CHARS:,}")
-    try:
-        return text_input(value, field)
-    except TaskError as exc:
-        raise invalid(field, str(exc)) from None
 
 
 # --------------------------------------------------------------------------- text generation
@@ -142,9 +78,13 @@ def sampling_options(body: dict) -> dict:
         raise invalid("max_completion_tokens", "max_tokens and max_completion_tokens differ; give one")
     if limit[0] is not None or limit[1] is not None:
         out["max_tokens"] = limit[0] if limit[0] is not None else limit[1]
-    for key, kind, what in (("temperature", (int, float), "a number"), ("top_p", (int, float), "a number"),
-                            ("seed", int, "a whole number"), ("top_k", int, "a whole number"),
-                            ("repeat_penalty", (int, float), "a number")):
+    for key, kind, what in (
+        ("temperature", (int, float), "a number"),
+        ("top_p", (int, float), "a number"),
+        ("seed", int, "a whole number"),
+        ("top_k", int, "a whole number"),
+        ("repeat_penalty", (int, float), "a number"),
+    ):
         value = typed(body, key, kind, what)
         if value is not None:
             out[key] = value
@@ -174,8 +114,10 @@ def response_format_options(body: dict, uploads: Uploads | None) -> dict:
         if not isinstance(schema, (dict, bool)):
             raise invalid("response_format", "response_format.json_schema.schema must be a JSON Schema object")
     else:
-        raise invalid("response_format", "'response_format' must be {\"type\": \"text\"}, "
-                                          "{\"type\": \"json_object\"} or {\"type\": \"json_schema\", ...}")
+        raise invalid(
+            "response_format",
+            '\'response_format\' must be {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", ...}',
+        )
     if uploads is None:
         raise unsupported("response_format", "JSON output needs a folder for the schema here")
     path = uploads.dir / "response-schema.json"
@@ -186,7 +128,7 @@ def response_format_options(body: dict, uploads: Uploads | None) -> dict:
 def chat_messages(messages: Any) -> tuple[str, list[list[str]], Input]:
     """(system prompt, earlier turns as [role, text] pairs, the last user message as the prompt)."""
     if not isinstance(messages, list) or not messages:
-        raise invalid("messages", "'messages' must be a non-empty list of {\"role\", \"content\"}")
+        raise invalid("messages", '\'messages\' must be a non-empty list of {"role", "content"}')
     if len(messages) > MAX_MESSAGES:
         raise invalid("messages", f"{len(messages)} messages; the limit is {MAX_MESSAGES}")
     system, turns = [], []
@@ -203,8 +145,10 @@ def chat_messages(messages: Any) -> tuple[str, list[list[str]], Input]:
         elif role in ("user", "assistant"):
             turns.append([role, text])
         else:
-            raise unsupported(f"{where}.role", f"role {json.dumps(role)}: taskrun takes system, developer, "
-                                               f"user and assistant messages (no tools)")
+            raise unsupported(
+                f"{where}.role",
+                f"role {json.dumps(role)}: taskrun takes system, developer, user and assistant messages (no tools)",
+            )
     if not turns or turns[-1][0] != "user":
         raise invalid("messages", "the last message (after any system ones) must be the user's")
     prompt = text_of(turns[-1][1], f"messages[{len(messages) - 1}].content")
@@ -244,8 +188,7 @@ def _stream_flag(body: dict) -> bool:
 def _chat(path: str, body: dict, uploads: Uploads | None, allow_paths: bool) -> JobSpec:
     check_fields(body, {"model", "messages", "stream", "stream_options", "response_format"} | SAMPLING)
     system, history, prompt = chat_messages(body.get("messages"))
-    options = {**sampling_options(body), **response_format_options(body, uploads),
-               "stream": _stream_flag(body)}
+    options = {**sampling_options(body), **response_format_options(body, uploads), "stream": _stream_flag(body)}
     if system:
         options["system"] = system
     if history:
@@ -284,8 +227,15 @@ def _embeddings(path: str, body: dict, uploads: Uploads | None, allow_paths: boo
 
 def _audio(path: str, body: dict, uploads: Uploads | None, allow_paths: bool) -> JobSpec:
     translate = path == TRANSLATIONS
-    known = {"model", "file", "response_format", "temperature", "timestamp_granularities",
-             "timestamp_granularities[]", "stream"} | (set() if translate else {"language"})
+    known = {
+        "model",
+        "file",
+        "response_format",
+        "temperature",
+        "timestamp_granularities",
+        "timestamp_granularities[]",
+        "stream",
+    } | (set() if translate else {"language"})
     check_fields(body, known)
     fmt = body.get("response_format") or "json"
     if fmt not in ("json", "text", "srt", "vtt", "verbose_json"):
@@ -293,8 +243,11 @@ def _audio(path: str, body: dict, uploads: Uploads | None, allow_paths: bool) ->
     if typed(body, "temperature", (int, float), "a number") not in (None, 0):
         raise unsupported("temperature", "taskrun decodes Whisper with beam search, temperature 0")
     if typed(body, "stream", bool, "true or false"):
-        raise unsupported("stream", "transcripts are answered whole; use POST /v1/tasks/transcribe "
-                                    "with \"stream\": true for segments as they are decoded")
+        raise unsupported(
+            "stream",
+            "transcripts are answered whole; use POST /v1/tasks/transcribe "
+            'with "stream": true for segments as they are decoded',
+        )
     options: dict[str, Any] = {"task": "translate" if translate else "transcribe"}
     language = typed(body, "language", str, "a language code such as en")
     if language:
@@ -302,8 +255,7 @@ def _audio(path: str, body: dict, uploads: Uploads | None, allow_paths: bool) ->
     grains = granularities(body)
     if "word" in grains:
         options["word_timestamps"] = True
-    return JobSpec("transcribe", [_audio_input(body.get("file"), uploads, allow_paths)], options,
-                   model=model_of(body))
+    return JobSpec("transcribe", [_audio_input(body.get("file"), uploads, allow_paths)], options, model=model_of(body))
 
 
 def granularities(body: dict) -> list[str]:
@@ -330,8 +282,9 @@ def _audio_input(file: Any, uploads: Uploads | None, allow_paths: bool) -> Input
 def _images(path: str, body: dict, uploads: Uploads | None, allow_paths: bool) -> JobSpec:
     """Steps and seed are taskrun's extra fields; the images are PNGs written in the request's
     folder and answered inline (b64_json), never as URLs."""
-    check_fields(body, {"model", "prompt", "n", "size", "response_format", "seed", "steps", "negative",
-                        "guidance", "label"})
+    check_fields(
+        body, {"model", "prompt", "n", "size", "response_format", "seed", "steps", "negative", "guidance", "label"}
+    )
     if body.get("response_format") not in (None, "b64_json"):
         raise unsupported("response_format", "images are answered inline: use b64_json (there are no URLs)")
     options: dict[str, Any] = {}
@@ -343,8 +296,7 @@ def _images(path: str, body: dict, uploads: Uploads | None, allow_paths: bool) -
     size = typed(body, "size", str, "WIDTHxHEIGHT such as 256x256")
     if size and size != "auto":
         options["size"] = size
-    for key, kind in (("seed", int), ("steps", int), ("negative", str), ("guidance", (int, float)),
-                      ("label", str)):
+    for key, kind in (("seed", int), ("steps", int), ("negative", str), ("guidance", (int, float)), ("label", str)):
         value = typed(body, key, kind, "a number" if kind is not str else "a string")
         if value is not None:
             options[key] = value
@@ -364,16 +316,24 @@ def openai_body(path: str, spec: JobSpec, rec, body: dict) -> dict | str:
     if path == EMBEDDINGS:
         return openai_out.embeddings_body(spec, rec, body.get("encoding_format"))
     if path in (TRANSCRIPTIONS, TRANSLATIONS):
-        return openai_out.transcript_body(rec, body.get("response_format") or "json",
-                                          "word" in granularities(body), spec.options.get("task", "transcribe"))
+        return openai_out.transcript_body(
+            rec,
+            body.get("response_format") or "json",
+            "word" in granularities(body),
+            spec.options.get("task", "transcribe"),
+        )
     if path == IMAGES:
         return openai_out.images_body(rec)
     raise APIError(404, f"no OpenAI endpoint {path}", code="not_found")
 
 
 _PARSERS: dict[str, Callable[[str, dict, Uploads | None, bool], JobSpec]] = {
-    CHAT: _chat, COMPLETIONS: _completions, EMBEDDINGS: _embeddings, TRANSCRIPTIONS: _audio,
-    TRANSLATIONS: _audio, IMAGES: _images,
+    CHAT: _chat,
+    COMPLETIONS: _completions,
+    EMBEDDINGS: _embeddings,
+    TRANSCRIPTIONS: _audio,
+    TRANSLATIONS: _audio,
+    IMAGES: _images,
 }
 
 __all__ = ["TASK_OF", "APIError", "job_from_openai", "openai_body"]

@@ -31,24 +31,41 @@ def usage(results: list, metrics=None) -> dict:
     prompt = sum(r.input_tokens for r in results)
     completion = sum(r.output_tokens for r in results)
     cached = int(getattr(metrics, "cached_prompt_tokens", 0) or 0)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
 
 
 def completion_body(chat: bool, spec, rec) -> dict:
     """A chat.completion or text_completion object, one choice per prompt."""
     results = rec.results
     if chat:
-        choices = [{"index": i, "message": {"role": "assistant", "content": r.text, "refusal": None},
-                    "finish_reason": finish_reason(r.finish_reason), "logprobs": None}
-                   for i, r in enumerate(results)]
+        choices = [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": r.text, "refusal": None},
+                "finish_reason": finish_reason(r.finish_reason),
+                "logprobs": None,
+            }
+            for i, r in enumerate(results)
+        ]
     else:
-        choices = [{"index": i, "text": r.text, "finish_reason": finish_reason(r.finish_reason),
-                    "logprobs": None} for i, r in enumerate(results)]
-    return {"id": ("chatcmpl-" if chat else "cmpl-") + rec.id,
-            "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-            "model": model_name(spec, rec), "choices": choices, "usage": usage(results, rec.metrics),
-            "system_fingerprint": _fingerprint(rec)}
+        choices = [
+            {"index": i, "text": r.text, "finish_reason": finish_reason(r.finish_reason), "logprobs": None}
+            for i, r in enumerate(results)
+        ]
+    return {
+        "id": ("chatcmpl-" if chat else "cmpl-") + rec.id,
+        "object": "chat.completion" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": model_name(spec, rec),
+        "choices": choices,
+        "usage": usage(results, rec.metrics),
+        "system_fingerprint": _fingerprint(rec),
+    }
 
 
 def _fingerprint(rec) -> str | None:
@@ -67,8 +84,12 @@ def embeddings_body(spec, rec, encoding_format: str | None) -> dict:
         value: Any = base64.b64encode(vec.tobytes()).decode() if encoding_format == "base64" else vec.tolist()
         data.append({"object": "embedding", "index": i, "embedding": value})
     tokens = sum(r.tokens for r in rec.results)
-    return {"object": "list", "data": data, "model": model_name(spec, rec),
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+    return {
+        "object": "list",
+        "data": data,
+        "model": model_name(spec, rec),
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
 
 
 def transcript_body(rec, response_format: str, words: bool, task: str) -> dict | str:
@@ -85,11 +106,9 @@ def transcript_body(rec, response_format: str, words: bool, task: str) -> dict |
     if fmt == "json":
         return {"text": tr.text}
     segments = [{"id": i, "start": s.start, "end": s.end, "text": s.text} for i, s in enumerate(tr.segments)]
-    body = {"task": task, "language": tr.language, "duration": tr.audio_s, "text": tr.text,
-            "segments": segments}
+    body = {"task": task, "language": tr.language, "duration": tr.audio_s, "text": tr.text, "segments": segments}
     if words:
-        body["words"] = [{"word": w.word, "start": w.start, "end": w.end}
-                         for s in tr.segments for w in (s.words or ())]
+        body["words"] = [{"word": w.word, "start": w.start, "end": w.end} for s in tr.segments for w in (s.words or ())]
     return body
 
 
@@ -119,8 +138,14 @@ class CompletionChunks:
         self.created = int(time.time())
 
     def _chunk(self, choices: list, **extra) -> dict:
-        return {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
-                "created": self.created, "model": self.model, "choices": choices, **extra}
+        return {
+            "id": self.id,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            **extra,
+        }
 
     def start(self) -> list[dict]:
         if not self.chat:
@@ -130,8 +155,7 @@ class CompletionChunks:
 
     def piece(self, text: str, index: int) -> dict:
         if self.chat:
-            return self._chunk([{"index": index, "delta": {"content": text}, "finish_reason": None,
-                                 "logprobs": None}])
+            return self._chunk([{"index": index, "delta": {"content": text}, "finish_reason": None, "logprobs": None}])
         return self._chunk([{"index": index, "text": text, "finish_reason": None, "logprobs": None}])
 
     def end(self, rec) -> list[dict]:
@@ -140,8 +164,11 @@ class CompletionChunks:
         out = []
         for i, r in enumerate(results):
             reason = finish_reason(r.finish_reason)
-            choice = {"index": i, "delta": {}, "finish_reason": reason, "logprobs": None} if self.chat \
+            choice = (
+                {"index": i, "delta": {}, "finish_reason": reason, "logprobs": None}
+                if self.chat
                 else {"index": i, "text": "", "finish_reason": reason, "logprobs": None}
+            )
             out.append(self._chunk([choice]))
         if self.include_usage:
             out.append(self._chunk([], usage=usage(results, rec.metrics)))

@@ -32,8 +32,13 @@ def encoded(x: np.ndarray, fmt: str) -> bytes:
     import soundfile as sf
 
     buf = io.BytesIO()
-    kind, sub = {"wav": ("WAV", "PCM_16"), "fwav": ("WAV", "FLOAT"), "flac": ("FLAC", "PCM_16"),
-                 "ogg": ("OGG", "VORBIS"), "mp3": ("MP3", "MPEG_LAYER_III")}[fmt]
+    kind, sub = {
+        "wav": ("WAV", "PCM_16"),
+        "fwav": ("WAV", "FLOAT"),
+        "flac": ("FLAC", "PCM_16"),
+        "ogg": ("OGG", "VORBIS"),
+        "mp3": ("MP3", "MPEG_LAYER_III"),
+    }[fmt]
     sf.write(buf, x, SR, format=kind, subtype=sub)
     return buf.getvalue()
 
@@ -46,13 +51,14 @@ def garble_ogg_page(data: bytes, page: int = 3) -> bytes:
     for _ in range(page + 1):
         at = b.index(b"OggS", at + 1)
     body = at + 27 + b[at + 26] + 10
-    b[body:body + 64] = bytes(range(64))
+    b[body : body + 64] = bytes(range(64))
     return bytes(b)
 
 
 def png_stream(path: Path, width: int, height: int, colour: tuple = (200, 180, 160)) -> Path:
     """A one-colour RGB PNG of any size, written a row at a time: the file is small (a few
     hundred KB for 10k x 10k) and making it needs no full-size image in memory."""
+
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
@@ -69,9 +75,11 @@ def peak_mb(code: str, env: dict | None = None, setup: str = "") -> tuple[float,
     """(peak RSS in MB of ``code`` alone, the JSON it printed last) in a fresh Python: ``setup``
     runs first, then the high-water mark is reset (/proc/self/clear_refs) so that only ``code``
     counts. ``code`` may set ``out`` (a dict) to report values."""
-    prog = (f"import json, os\n{setup}\nopen('/proc/self/clear_refs', 'w').write('5')\nout = {{}}\n{code}\n"
-            "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]\n"
-            "out['peak_mb'] = int(hwm) / 1024\nprint(json.dumps(out))\n")
+    prog = (
+        f"import json, os\n{setup}\nopen('/proc/self/clear_refs', 'w').write('5')\nout = {{}}\n{code}\n"
+        "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]\n"
+        "out['peak_mb'] = int(hwm) / 1024\nprint(json.dumps(out))\n"
+    )
     r = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])

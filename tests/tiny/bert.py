@@ -6,8 +6,11 @@ from pathlib import Path
 
 from tests.tiny import done, once
 
-VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [chr(c) for c in range(ord("a"), ord("z") + 1)] + \
-    ["the", "cat", "dog", "kitten", "stock", "price", "movie", "good", "bad", "##s", "##ing", ".", ",", "!"]
+VOCAB = (
+    ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    + [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    + ["the", "cat", "dog", "kitten", "stock", "price", "movie", "good", "bad", "##s", "##ing", ".", ",", "!"]
+)
 
 
 def build(root: Path) -> Path:
@@ -23,8 +26,14 @@ def build(root: Path) -> Path:
     tok.model_max_length = 64
     tok.save_pretrained(folder)
     torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=len(VOCAB), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=64, max_position_embeddings=64)
+    cfg = BertConfig(
+        vocab_size=len(VOCAB),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
     BertModel(cfg).eval().save_pretrained(folder)
     done(folder)
     return folder

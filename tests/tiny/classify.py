@@ -6,12 +6,17 @@ from tests.tiny.vision import picture
 
 def case(root, runtime="transformers"):
     if runtime == "transformers":
-        return TinyCase(model=str(build(root)), args=["good movie", "bad movie"],
-                        options=["--labels", "good,bad"])
+        return TinyCase(model=str(build(root)), args=["good movie", "bad movie"], options=["--labels", "good,bad"])
     if runtime in ("torch", "onnxruntime"):
-        aliases = alias("tiny-efficientnet", build_efficientnet(root), "EfficientNetLite0",
-                        "classify", "image-classification")
+        aliases = alias(
+            "tiny-efficientnet", build_efficientnet(root), "EfficientNetLite0", "classify", "image-classification"
+        )
         aliases["tiny-efficientnet"]["runtimes"] = ["onnxruntime", "torch"]
-        return TinyCase(model="tiny-efficientnet", args=[str(picture(root / "tiny-images"))],
-                        options=["-k", "3"], runtime=runtime, aliases=aliases)
+        return TinyCase(
+            model="tiny-efficientnet",
+            args=[str(picture(root / "tiny-images"))],
+            options=["-k", "3"],
+            runtime=runtime,
+            aliases=aliases,
+        )
     no_case("classify", runtime)

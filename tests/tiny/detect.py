@@ -8,6 +8,10 @@ def case(root, runtime="transformers"):
     if runtime == "transformers":
         return TinyCase(model=str(build_yolos(root)), args=[image], options=["--threshold", "0"])
     if runtime == "torch":
-        return TinyCase(model="tiny-mtcnn", args=[image], runtime="torch",
-                        aliases=alias("tiny-mtcnn", build_mtcnn(root), "MTCNN", "detect", "face-detection"))
+        return TinyCase(
+            model="tiny-mtcnn",
+            args=[image],
+            runtime="torch",
+            aliases=alias("tiny-mtcnn", build_mtcnn(root), "MTCNN", "detect", "face-detection"),
+        )
     no_case("detect", runtime)

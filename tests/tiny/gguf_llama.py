@@ -23,13 +23,20 @@ def _permute(w, n_head: int):
 
 def _tensors(state: dict, cfg) -> dict:
     """llama.cpp's tensor names → float32 numpy arrays."""
-    out = {"token_embd.weight": state["model.embed_tokens.weight"],
-           "output_norm.weight": state["model.norm.weight"]}
+    out = {"token_embd.weight": state["model.embed_tokens.weight"], "output_norm.weight": state["model.norm.weight"]}
     if not cfg.tie_word_embeddings:
         out["output.weight"] = state["lm_head.weight"]
-    names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-             "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-             "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+    names = {
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
+    }
     for i in range(cfg.num_hidden_layers):
         for hf, gg in names.items():
             w = state[f"model.layers.{i}.{hf}.weight"]
@@ -63,8 +70,8 @@ def build(root: Path) -> Path:
     if ready:
         return path
     import gguf
-    from transformers import AutoConfig, AutoTokenizer
     from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoTokenizer
 
     hf = build_hf(root)
     cfg = AutoConfig.from_pretrained(hf)

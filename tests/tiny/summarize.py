@@ -7,5 +7,6 @@ def case(root, runtime="transformers"):
     if runtime not in ("transformers", "llama.cpp"):
         no_case("summarize", runtime)
     model = build(root) if runtime == "transformers" else build_gguf(root)
-    return TinyCase(model=str(model), args=["The meeting decided to ship the release on Friday."],
-                    options=["--max-tokens", "8"])
+    return TinyCase(
+        model=str(model), args=["The meeting decided to ship the release on Friday."], options=["--max-tokens", "8"]
+    )

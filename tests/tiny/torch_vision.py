@@ -45,5 +45,13 @@ def build_mtcnn(root: Path) -> Path:
 
 def alias(name: str, path: Path, architecture: str, task: str, kind: str) -> dict:
     """A models.toml entry for a local torch model: a bare state dict does not say what it is."""
-    return {name: {"local": str(path), "architecture": architecture, "runtime": "torch",
-                   "runtimes": ["torch"], "tasks": [task], "kind": kind}}
+    return {
+        name: {
+            "local": str(path),
+            "architecture": architecture,
+            "runtime": "torch",
+            "runtimes": ["torch"],
+            "tasks": [task],
+            "kind": kind,
+        }
+    }

@@ -46,8 +46,16 @@ def build_vit(root: Path) -> Path:
 
     folder.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
-    cfg = ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                    intermediate_size=64, num_labels=len(LABELS), **_labels())
+    cfg = ViTConfig(
+        image_size=32,
+        patch_size=8,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_labels=len(LABELS),
+        **_labels(),
+    )
     ViTForImageClassification(cfg).eval().save_pretrained(folder)
     ViTImageProcessorPil(size={"height": 32, "width": 32}).save_pretrained(folder)
     done(folder)
@@ -65,9 +73,17 @@ def build_yolos(root: Path, fixed: bool = True) -> Path:
 
     folder.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
-    cfg = YolosConfig(image_size=[32, 32], patch_size=8, hidden_size=32, num_hidden_layers=2,
-                      num_attention_heads=2, intermediate_size=64, num_detection_tokens=6,
-                      num_labels=len(LABELS), **_labels())
+    cfg = YolosConfig(
+        image_size=[32, 32],
+        patch_size=8,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_detection_tokens=6,
+        num_labels=len(LABELS),
+        **_labels(),
+    )
     model = YolosForObjectDetection(cfg).eval()
     if fixed:
         _fix_heads(model)
@@ -87,12 +103,24 @@ def build_detr(root: Path) -> Path:
 
     folder.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
-    backbone = ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic",
-                            out_features=["stage2"])
-    cfg = DetrConfig(use_timm_backbone=False, backbone_config=backbone, use_pretrained_backbone=False,
-                     d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-                     decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, num_queries=6,
-                     num_labels=len(LABELS), **_labels())
+    backbone = ResNetConfig(
+        embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic", out_features=["stage2"]
+    )
+    cfg = DetrConfig(
+        use_timm_backbone=False,
+        backbone_config=backbone,
+        use_pretrained_backbone=False,
+        d_model=32,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        num_queries=6,
+        num_labels=len(LABELS),
+        **_labels(),
+    )
     model = DetrForObjectDetection(cfg).eval()
     _fix_heads(model)
     model.save_pretrained(folder)
