@@ -1,7 +1,7 @@
 """The task registry: a plain dict, task name → Task. `run tasks` prints it.
 
 Adding a task: write ``tasks/<name>.py`` with a ``TASK`` object and add one line below; the
-README's "Adding a task" names the other files (pipeline, table row, architecture rule, default
+docs/layout.md's "Adding a task" names the other files (pipeline, table row, architecture rule, default
 model, tiny test model).
 """
 

@@ -405,7 +405,7 @@ def test_generate_refuses_a_megabyte_prompt_quickly(tiny_dir, tmp_path):
 def test_fit_counts_what_the_transformers_engine_holds(tiny_dir):
     """`run fit` for a Llama on CPU counts the float16 and bfloat16 copies the lean pass keeps
     beside the float32 embeddings, and the KV cache rounded to the power of two it allocates; the
-    overhead constant is calibrated on measured peaks (models/fit.py; README)."""
+    overhead constant is calibrated on measured peaks (models/fit.py; docs/reliability.md)."""
     from taskrun.models.fit import estimate_fit
     from tests.tiny.generate import build
 

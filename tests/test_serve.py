@@ -1,5 +1,5 @@
 """`run serve` driven as its users drive it: the real `openai` and `ollama` packages, curl as the
-README shows it, and the native endpoint; answers compared with the CLI's own.
+docs/serve.md shows it, and the native endpoint; answers compared with the CLI's own.
 
 One server subprocess (tiny models, 127.0.0.1, a free port) serves the whole session; a second,
 keyed one with a queue of one and a 1 MB body limit serves tests/test_serve_ops.py.

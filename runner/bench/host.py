@@ -34,7 +34,7 @@ def cpu_facts(cpuinfo: str | None = None) -> dict:
 
 def memory_bandwidth_gbs(mib: int = BANDWIDTH_MIB, repeats: int = 5) -> float | None:
     """Host memory bandwidth in GB/s: a ``mib`` MiB numpy copy, bytes read plus bytes written over
-    the best of ``repeats`` copies. The same probe the README's tables quote: absolute rates move
+    the best of ``repeats`` copies. The same probe docs/performance.md's tables quote: absolute rates move
     with it (10-37 GB/s across this project's hosts), same-run ratios do not."""
     try:
         import numpy as np

@@ -3,7 +3,7 @@ otherwise pick, on the same weights and the same data, plus how close their outp
 
 Each suite returns a :class:`Suite`; runner/bench/core.py does the timing. A reference whose
 package is not installed becomes a ``Skipped`` line, never an error. benchmarks/*.py build on the
-same functions (sentences, photos, the reference loops), so the numbers in the README and what a
+same functions (sentences, photos, the reference loops), so the numbers in docs/performance.md and what a
 user measures with `run bench` come from one piece of code.
 """
 

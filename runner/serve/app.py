@@ -4,7 +4,7 @@ Every error leaves in OpenAI's ``{"error": {...}}`` shape with a 4xx, whatever r
 body, an unknown route, a TaskError from a job); an unexpected exception is logged with its
 traceback on the server's stderr and answered 500 "internal error (see the server log)", so no
 traceback ever reaches a client. No interactive docs are served (no /docs, no /openapi.json):
-the README documents the endpoints.
+docs/serve.md documents the endpoints.
 """
 
 from __future__ import annotations
