@@ -68,7 +68,7 @@ def split_markdown(text: str) -> tuple[list[Block], str]:
         body, start = [], i
         i += 1
         while i < len(lines) and not re.match(rf"^\s*{re.escape(fence[0])}{{{len(fence)},}}\s*$", lines[i]):
-            body.append(lines[i][len(indent):] if lines[i].startswith(indent) else lines[i].lstrip())
+            body.append(lines[i][len(indent) :] if lines[i].startswith(indent) else lines[i].lstrip())
             i += 1
         blocks.append(Block(lang.lower(), body, start + 1, (marker.group(1) or "plain") if marker else None))
         prose.extend([""] * (len(body) + 2))
@@ -177,15 +177,24 @@ def unlabeled_command_blocks(page: str, text: str) -> list[str]:
     """Blocks that show `run` commands but are not `console` or `sh`, so their commands would go
     unchecked."""
     blocks, _ = split_markdown(text)
-    return [f"{page}:{b.line}: a block of `run` commands is {b.lang or 'unlabeled'}: make it console or sh"
-            for b in blocks if b.lang != "console" and b.lang not in SHELL_LANGS
-            and any(re.match(r"^\s*(\$ )?run ", line) for line in b.lines)]
+    return [
+        f"{page}:{b.line}: a block of `run` commands is {b.lang or 'unlabeled'}: make it console or sh"
+        for b in blocks
+        if b.lang != "console"
+        and b.lang not in SHELL_LANGS
+        and any(re.match(r"^\s*(\$ )?run ", line) for line in b.lines)
+    ]
 
 
 def fenced_commands(page: str, text: str) -> list[tuple[Block, Command]]:
     blocks, _ = split_markdown(text)
-    return [(b, Command(f"{page}:{b.line}", args)) for b in blocks if b.lang == "console" or b.lang in SHELL_LANGS
-            for line in shell_lines(b) for args in run_commands(line)]
+    return [
+        (b, Command(f"{page}:{b.line}", args))
+        for b in blocks
+        if b.lang == "console" or b.lang in SHELL_LANGS
+        for line in shell_lines(b)
+        for args in run_commands(line)
+    ]
 
 
 def inline_commands(page: str, text: str) -> list[Command]:
@@ -210,8 +219,12 @@ def is_placeholder(token: str) -> bool:
 def options_of(cmd: click.Command) -> dict[str, click.Option]:
     """What `--help` lists for ``cmd``: its visible options, and the help option itself."""
     ctx = click.Context(cmd, info_name=cmd.name)
-    out = {name: p for p in cmd.params if isinstance(p, click.Option) and not p.hidden
-           for name in p.opts + p.secondary_opts}
+    out = {
+        name: p
+        for p in cmd.params
+        if isinstance(p, click.Option) and not p.hidden
+        for name in p.opts + p.secondary_opts
+    }
     help_option = cmd.get_help_option(ctx)
     return out | ({name: help_option for name in help_option.opts} if help_option else {})
 
@@ -386,15 +399,21 @@ def test_the_checks_catch_a_misspelled_option_a_bad_link_and_an_anchor(tmp_path)
         "`run fit` has no option --contxt (see `run fit --help`)",
     ]
     assert unlabeled_command_blocks("page.md", BAD_PAGE) == [
-        "page.md:22: a block of `run` commands is unlabeled: make it console or sh"]
+        "page.md:22: a block of `run` commands is unlabeled: make it console or sh"
+    ]
     assert check_command(["logs", "show", "20261130-abc", "--log-db", "x.db"]) == (
-        ["run", "logs", "show"], ["--log-db"], [])
+        ["run", "logs", "show"],
+        ["--log-db"],
+        [],
+    )
 
 
 def test_slugs_follow_github():
     assert slug("Where `-o` may write") == "where--o-may-write"
     assert slug("Batch: `run batch`") == "batch-run-batch"
     assert slug("Language models: GGUF on llama.cpp") == "language-models-gguf-on-llamacpp"
-    assert slug("Transcribe: greedy by measured WER, the file's speech in one stretch") == \
-        "transcribe-greedy-by-measured-wer-the-files-speech-in-one-stretch"
+    assert (
+        slug("Transcribe: greedy by measured WER, the file's speech in one stretch")
+        == "transcribe-greedy-by-measured-wer-the-files-speech-in-one-stretch"
+    )
     assert anchors("# A\n## B\n## B\n```\n# not a heading\n```\n") == {"a", "b", "b-1"}
