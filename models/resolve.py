@@ -170,41 +170,10 @@ def _package_path(entry: dict) -> Path | None:
 
 
 def _joined(entry: dict, name: str) -> Path | None:
-    """Split weights (``join`` = list of package:path parts) joined once into the cache."""
-    parts = []
-    for ref in entry["join"]:
-        pkg, _, rel = ref.partition(":")
-        base = _package_path({"package": pkg})
-        if base is None:
-            return None
-        parts.append(base / rel)
-    target_dir = cache_dir() / "joined" / name
-    target = target_dir / entry.get("join_as", "model.bin")
-    size = sum(p.stat().st_size for p in parts)
-    if not (target.exists() and target.stat().st_size == size):
-        target_dir.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")  # processes joining at once must not share one
-        try:  # a full disk or Ctrl-C mid-copy leaves no 145 MB half-file behind
-            with open(tmp, "wb") as out:
-                for p in parts:
-                    with open(p, "rb") as f:
-                        while chunk := f.read(1 << 24):
-                            out.write(chunk)
-            os.replace(tmp, target)
-        finally:
-            tmp.unlink(missing_ok=True)
-    for extra in entry.get("with", []):  # small files that sit beside the joined one
-        pkg, _, rel = extra.partition(":")
-        src = _package_path({"package": pkg}) / rel
-        dst = target_dir / src.name
-        if not dst.exists() or dst.stat().st_size != src.stat().st_size:
-            tmp = dst.with_name(f"{dst.name}.{os.getpid()}.tmp")
-            try:  # whole or not at all: a half-written tokenizer would pass the size check only by luck
-                tmp.write_bytes(src.read_bytes())
-                os.replace(tmp, dst)
-            finally:
-                tmp.unlink(missing_ok=True)
-    return target_dir
+    """Split weights (``join`` = list of package:path parts) joined once into the cache (models/join.py)."""
+    from taskrun.models.join import joined
+
+    return joined(entry, name, cache_dir(), _package_path)
 
 
 def is_offline(offline: bool = False) -> bool:
