@@ -114,7 +114,7 @@ def _intact(entry: dict, target: Path, size: int, cache: Path) -> bool:
 
 
 def joined(entry: dict, name: str, cache: Path, package_path) -> Path | None:
-    """The joined weights of ``entry`` (a folder with ``with`` files beside it, else the file);
+    """The joined weights of ``entry``: the file where it names one (``join_as``, no ``with``), else its folder;
     None when none of its part packages is installed."""
     parts: list[tuple[str, Path]] = []
     missing = []
@@ -149,7 +149,7 @@ def joined(entry: dict, name: str, cache: Path, package_path) -> Path | None:
         target_dir.mkdir(parents=True, exist_ok=True)
         import fcntl
 
-        with open(target_dir / ".join.lock", "w") as lock:
+        with open(target_dir.parent / f".{name}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # a second process waits, then finds the file joined
             if not _intact(entry, target, size, cache):
                 if target.exists():
@@ -167,4 +167,4 @@ def joined(entry: dict, name: str, cache: Path, package_path) -> Path | None:
                 os.replace(tmp, dst)
             finally:
                 tmp.unlink(missing_ok=True)
-    return target_dir if entry.get("with") else target
+    return target if entry.get("join_as") and not entry.get("with") else target_dir

@@ -210,7 +210,10 @@ def test_fit_reads_only_the_config(tiny):
 
 @pytest.mark.real
 def test_real_smollm2_knows_the_capital_of_france():
-    r = CliRunner().invoke(main, ["generate", "What is the capital of France?", "--max-tokens", "24", "--json", "-q"])
+    r = CliRunner().invoke(
+        main,
+        ["generate", "What is the capital of France?", "--model", "smollm2-135m", "--max-tokens", "24", "--json", "-q"],
+    )
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert "Paris" in out["items"][0]["result"]["text"]

@@ -186,7 +186,7 @@ def test_a_broken_gguf_is_a_clear_error(tiny, tmp_path):
 def test_real_smollm2_gguf_on_llama_cpp_knows_paris(args):
     """The chat question is a near tie between "The" and "L'" at the first token (0.09 apart in
     float32): the float16 prompt copy keeps it; the 4-bit pass alone flips it."""
-    r = CliRunner().invoke(main, ["generate", *args, "--max-tokens", "12", "--json", "-q"])
+    r = CliRunner().invoke(main, ["generate", *args, "--model", "smollm2-135m", "--max-tokens", "12", "--json", "-q"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["runtime"] == "llama.cpp" and out["dtype"] == "q4_1"

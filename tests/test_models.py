@@ -7,6 +7,7 @@ import json
 import pytest
 
 from taskrun.models.resolve import resolve, weights_format
+from taskrun.tasks.base import TaskError
 
 
 @pytest.mark.parametrize(
@@ -55,7 +56,7 @@ def test_a_join_that_fails_midway_leaves_no_half_file(tmp_path, monkeypatch):
     monkeypatch.setenv("TASKRUN_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(res, "_package_path", lambda entry: pkg)
     entry = {"join": ["p:part1", "p:part2"]}
-    with pytest.raises(IsADirectoryError):
+    with pytest.raises(TaskError, match="part2 of package p is missing or unreadable"):
         res._joined(entry, "m")
     folder = tmp_path / "cache" / "joined" / "m"
     assert list(folder.iterdir()) == []
