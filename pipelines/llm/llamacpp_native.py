@@ -152,6 +152,11 @@ class Native:
         self.prompt_end: tuple[int, object] | None = None
         params = lib.llama_model_default_params()
         params.n_gpu_layers = 0
+        # Read into memory, not mapped: a file truncated or rewritten in place under a running
+        # process (`cp new.gguf model.gguf`) would SIGBUS it on its next step through the weights
+        # (issue 33 item 11). Measured on the 1.5B Q4_K_M: the same peak RSS (the mapped pages were
+        # resident too), the load ~0.1 s longer from the page cache (benchmarks/bench_default_llm.py).
+        params.use_mmap = False
         _LOG.clear()
         self.model = lib.llama_model_load_from_file(str(path).encode(), params) or None
         if self.model is None:
