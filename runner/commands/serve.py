@@ -45,6 +45,15 @@ def physical_cores() -> int:
     metavar="KEY",
     help="Require 'Authorization: Bearer KEY' on every request but GET /health [env TASKRUN_API_KEY].",
 )
+@click.option(
+    "--allowed-origins",
+    multiple=True,
+    envvar="TASKRUN_ORIGINS",
+    metavar="ORIGIN",
+    help="Web page origins (e.g. https://app.example.com, * as a wildcard) that may call this "
+    "server besides loopback ones; others get 403, as does a Host that is not this server's "
+    "(DNS rebinding). Repeatable or comma-separated [env TASKRUN_ORIGINS].",
+)
 @click.option("--no-auth", is_flag=True, help="Serve a non-loopback address without a key, on purpose.")
 @click.option(
     "--max-queue",
@@ -132,10 +141,22 @@ def serve_cmd(threads, max_memory, **choices):
 
 
 def _settings(
-    host, port, preload, api_key, no_auth, max_queue, max_body_mb, corpora, no_batching, device, dtype, log_db
+    host,
+    port,
+    preload,
+    api_key,
+    allowed_origins,
+    no_auth,
+    max_queue,
+    max_body_mb,
+    corpora,
+    no_batching,
+    device,
+    dtype,
+    log_db,
 ):
     """The operator's choices, checked, as the server's Settings (TaskError names a bad one)."""
-    from taskrun.runner.serve.settings import Settings, check_exposure, parse_corpora
+    from taskrun.runner.serve.settings import Settings, check_exposure, parse_corpora, parse_origins
 
     check_exposure(host, api_key, no_auth)
     return Settings(
@@ -143,6 +164,7 @@ def _settings(
         port=port,
         preload=tuple(preload),
         api_key=api_key or None,
+        allowed_origins=parse_origins(allowed_origins),
         max_queue=max_queue,
         max_body_bytes=int(max_body_mb * 1024 * 1024),
         corpora=parse_corpora(corpora),

@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from taskrun.runner.serve.security import Guard
+from taskrun.runner.serve.security import Guard, Origins
 from taskrun.runner.serve.service import InternalError, Service
 from taskrun.runner.serve.settings import Settings
 from taskrun.tasks.base import TaskError
@@ -53,7 +53,8 @@ def create_app(settings: Settings) -> FastAPI:
     routes_openai.register(app, service)
     routes_ollama.register(app, service)
     routes_native.register(app, service)
-    app.add_middleware(Guard, api_key=settings.api_key, max_body=settings.max_body_bytes)
+    origins = Origins(settings.host, settings.allowed_origins)
+    app.add_middleware(Guard, api_key=settings.api_key, max_body=settings.max_body_bytes, origins=origins)
     app.add_middleware(_Counted, metrics=service.metrics)
     return app
 

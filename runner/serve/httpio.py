@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from taskrun.tasks.base import to_jsonable
-from taskrun.tasks.wire.errors import APIError, invalid
+from taskrun.tasks.wire.fields import read_json
 from taskrun.tasks.wire.jobspec import Uploads
 
 RUN_ID_HEADER = "X-Taskrun-Run-Id"
@@ -24,15 +24,8 @@ _NOTHING = object()
 
 
 async def json_body(request: Request) -> dict:
-    """The request's JSON object; 400 for anything else."""
-    raw = await request.body()
-    try:
-        body = json.loads(raw or b"null")
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise APIError(400, f"the request body is not valid JSON ({exc})", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise invalid("body", "the request body must be a JSON object")
-    return body
+    """The request's JSON object, read by the one strict reader every door shares (tasks/wire/fields.py)."""
+    return read_json(await request.body(), request.headers.get("content-type"))
 
 
 def run_headers(run_id: str | None) -> dict[str, str]:

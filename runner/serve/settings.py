@@ -17,6 +17,7 @@ class Settings:
     port: int = 8080
     preload: tuple[str, ...] = ()
     api_key: str | None = None  # None: no key needed (loopback, or --no-auth)
+    allowed_origins: tuple[str, ...] = ()  # web page origins beyond loopback ones (patterns with *)
     max_queue: int = 16  # requests waiting per model, beyond the one running
     max_body_bytes: int = 25 * 1024 * 1024  # OpenAI's own audio upload limit
     corpora: dict[str, str] = field(default_factory=dict)  # search corpus NAME → folder
@@ -47,6 +48,15 @@ def check_exposure(host: str, api_key: str | None, no_auth: bool) -> None:
             f"--host {host} lets other machines reach this server; give --api-key KEY "
             f"(or TASKRUN_API_KEY), or --no-auth to serve without one on purpose"
         )
+
+
+def parse_origins(values: tuple[str, ...]) -> tuple[str, ...]:
+    """``--allowed-origins`` (repeatable, or comma-separated as in TASKRUN_ORIGINS) → patterns."""
+    out = tuple(v.strip() for value in values for v in value.split(",") if v.strip())
+    for origin in out:
+        if origin != "*" and "://" not in origin:
+            raise TaskError(f"--allowed-origins {origin}: give an origin such as https://example.com (or * for any)")
+    return out
 
 
 def parse_corpora(values: tuple[str, ...]) -> dict[str, str]:

@@ -10,7 +10,7 @@ from typing import Any
 
 from taskrun.tasks.base import Input, TaskError
 from taskrun.tasks.inputs import text_input
-from taskrun.tasks.wire.errors import invalid, unsupported
+from taskrun.tasks.wire.errors import APIError, invalid, unsupported
 
 MAX_TEXT_CHARS = 200_000  # one prompt, message or text: ~50k tokens, past any window taskrun runs
 MAX_INPUTS = 2048  # texts in one embeddings request (OpenAI's own limit)
@@ -110,3 +110,116 @@ def text_of(value: Any, field: str) -> Input:
         return text_input(value, field)
     except TaskError as exc:
         raise invalid(field, str(exc)) from None
+
+
+# --------------------------------------------------------------------------- the body itself
+
+MAX_DEPTH = 32  # nesting of a request body: OpenAI's deepest (a JSON Schema in response_format) is far less
+MAX_INT = 2**63 - 1  # any whole number in a body: past it no field has a meaning (seed, max_tokens)
+JSON_TYPES = ("application/json",)
+
+
+def json_content_type(content_type: str | None) -> None:
+    """A JSON body must say so: a browser page may POST ``text/plain`` (a CORS-"simple" request
+    that needs no preflight) or a form, and taking those as JSON lets any page run jobs."""
+    kind = (content_type or "").split(";")[0].strip().lower()
+    if kind and kind not in JSON_TYPES and not kind.endswith("+json"):
+        raise APIError(
+            415,
+            f"the request body is sent as {kind}; send it as JSON with the header Content-Type: application/json",
+            code="unsupported_media_type",
+            param="Content-Type",
+        )
+
+
+def read_json(raw: bytes, content_type: str | None = None) -> dict:
+    """The request body as a JSON object, checked before any field is read: a JSON content type,
+    valid UTF-8 JSON, an object, nested at most MAX_DEPTH deep, whole numbers within 64 bits and
+    no lone surrogate in any string. Each refusal is a 4xx naming where the problem is."""
+    json_content_type(content_type)
+    try:
+        body = json.loads(raw or b"null")
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise APIError(400, f"the request body is not valid JSON ({exc})", code="invalid_json") from None
+    except RecursionError:
+        raise invalid("body", f"the request body is nested too deep; the limit is {MAX_DEPTH} levels") from None
+    except ValueError as exc:  # a number past Python's 4,300-digit limit
+        raise invalid("body", f"the request body holds a number too long to read ({exc})"[:200]) from None
+    if not isinstance(body, dict):
+        raise invalid("body", "the request body must be a JSON object")
+    check_values(body)
+    return body
+
+
+def check_values(body: Any) -> None:
+    """Walk ``body`` without recursion (a deep one cannot crash the walk itself)."""
+    stack: list[tuple[Any, str, int]] = [(body, "", 0)]
+    while stack:
+        value, where, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise invalid(where or "body", f"the request body is nested too deep; the limit is {MAX_DEPTH} levels")
+        if isinstance(value, dict):
+            for k, v in value.items():
+                _check_str(k, where or "body")
+                stack.append((v, f"{where}.{k}" if where else k, depth + 1))
+        elif isinstance(value, list):
+            stack.extend((v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value))
+        elif isinstance(value, str):
+            _check_str(value, where)
+        elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
+            raise invalid(where, f"'{where}' is out of range: whole numbers here lie within ±{MAX_INT:,}")
+
+
+def _check_str(value: str, where: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise invalid(
+            where, f"'{where}' holds a lone surrogate (\\ud800-\\udfff): send valid Unicode text (UTF-8)"
+        ) from None
+
+
+def number(body: dict, key: str, kind: type | tuple, what: str, low: float, high: float, field: str = "") -> Any:
+    """``typed`` within [low, high]: a 400 naming the field, its form and its range otherwise."""
+    name = field or key
+    value = typed(body, key, kind, what) if not field else _typed_as(body, key, kind, what, field)
+    if value is not None and not low <= value <= high:
+        raise invalid(name, f"'{name}' must be {what} from {_num(low)} to {_num(high)} (got {_num(value)})")
+    return value
+
+
+def _num(x: float) -> str:
+    return f"{x:,}" if isinstance(x, int) else f"{x:g}"
+
+
+def _typed_as(body: dict, key: str, kind: type | tuple, what: str, field: str) -> Any:
+    try:
+        return typed(body, key, kind, what)
+    except APIError:
+        raise invalid(field, f"'{field}' must be {what} (got {json.dumps(body.get(key))[:40]})") from None
+
+
+def sampling(values: dict, prefix: str = "", fewest_tokens: int = 1, names: dict | None = None) -> dict:
+    """generate's options from sampling fields (OpenAI's names; Ollama's options map onto them):
+    each of its type and range, ``stop`` a string or a list of up to 16."""
+    out: dict[str, Any] = {}
+    name = {k: prefix + (names or {}).get(k, k) for k in values}
+    for key, kind, what, low, high in (
+        ("max_tokens", int, "a whole number of tokens", fewest_tokens, 10_000_000),
+        ("temperature", (int, float), "a number", 0, 100),
+        ("top_p", (int, float), "a number", 0, 1),
+        ("seed", int, "a whole number", 0, 2**32 - 1),
+        ("top_k", int, "a whole number", 0, 1_000_000),
+        ("repeat_penalty", (int, float), "a number", 0, 100),
+    ):
+        value = number(values, key, kind, what, low, high, name.get(key, key))
+        if value is not None:
+            out[key] = value
+    stop = values.get("stop")
+    if stop is not None:
+        stops = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > 16:
+            field = name.get("stop", "stop")
+            raise invalid(field, f"'{field}' must be a non-empty string or a list of up to 16 of them")
+        out["stop"] = stops
+    return out

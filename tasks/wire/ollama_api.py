@@ -13,8 +13,9 @@ import json
 from datetime import datetime, timezone
 from typing import Any
 
+from taskrun.tasks.wire import fields
 from taskrun.tasks.wire.errors import invalid, unsupported
-from taskrun.tasks.wire.fields import check_fields, model_of, text_of, typed
+from taskrun.tasks.wire.fields import MAX_TEXT_CHARS, check_fields, model_of, text_of, typed
 from taskrun.tasks.wire.jobspec import JobSpec, Uploads
 from taskrun.tasks.wire.openai_api import chat_messages
 from taskrun.tasks.wire.openai_out import finish_reason
@@ -43,10 +44,13 @@ def sampling(body: dict) -> dict:
             raise unsupported(f"options.{key}", f"taskrun reads {', '.join(OPTIONS)}")
         if value is not None:
             out[OPTIONS[key]] = value
+    names = {v: k for k, v in OPTIONS.items()}
+    out = {
+        **out,
+        **fields.sampling({k: v for k, v in out.items() if k in names}, "options.", fewest_tokens=-2, names=names),
+    }
     if out.get("max_tokens") in (-1, -2):
         out["max_tokens"] = UNLIMITED
-    if isinstance(out.get("stop"), str):
-        out["stop"] = [out["stop"]]
     return out
 
 
@@ -91,6 +95,8 @@ def generate_spec(body: dict, uploads: Uploads) -> JobSpec:
         raise unsupported("suffix" if body.get("suffix") else "template")
     options = {**sampling(body), **format_options(body, uploads), "stream": True}
     system = typed(body, "system", str, "a string")
+    if system and len(system) > MAX_TEXT_CHARS:
+        raise invalid("system", f"'system' is {len(system):,} characters; the limit is {MAX_TEXT_CHARS:,}")
     if system:
         options["system"] = system
     if typed(body, "raw", bool, "true or false"):

@@ -29,6 +29,7 @@ from taskrun.tasks.wire.fields import (
     MAX_TEXT_CHARS,
     check_fields,
     model_of,
+    sampling,
     text_of,
     typed,
 )
@@ -78,23 +79,8 @@ def sampling_options(body: dict) -> dict:
         raise invalid("max_completion_tokens", "max_tokens and max_completion_tokens differ; give one")
     if limit[0] is not None or limit[1] is not None:
         out["max_tokens"] = limit[0] if limit[0] is not None else limit[1]
-    for key, kind, what in (
-        ("temperature", (int, float), "a number"),
-        ("top_p", (int, float), "a number"),
-        ("seed", int, "a whole number"),
-        ("top_k", int, "a whole number"),
-        ("repeat_penalty", (int, float), "a number"),
-    ):
-        value = typed(body, key, kind, what)
-        if value is not None:
-            out[key] = value
-    stop = body.get("stop")
-    if stop is not None:
-        stops = [stop] if isinstance(stop, str) else stop
-        if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > 16:
-            raise invalid("stop", "'stop' must be a non-empty string or a list of up to 16 of them")
-        out["stop"] = stops
-    return out
+    rest = {k: body[k] for k in SAMPLING - {"max_tokens", "max_completion_tokens"} if k in body}
+    return sampling({**rest, **out})
 
 
 def response_format_options(body: dict, uploads: Uploads | None) -> dict:
