@@ -17,10 +17,9 @@ The key order is fixed: journal.py reads the id and outcome from each line's sta
 
 from __future__ import annotations
 
-import re
 import uuid
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from taskrun.tasks.base import TaskError, to_jsonable
@@ -127,21 +126,18 @@ def openai_line(custom_id: str, *, body: Any = None, failure: Failure | None = N
 
 def side_path(out_dir: str | Path, item_id: str, suffix: str) -> Path:
     """Where an item's side file goes: its id as a relative path under ``out_dir`` (a folder's
-    layout is kept: ``sub/a.wav`` → ``OUT/sub/a.wav.srt``), never outside it."""
-    parts = [
-        re.sub(r"[^\w.-]", "_", p) for p in PurePosixPath(item_id.replace("\\", "/")).parts if p not in ("/", ".", "..")
-    ]
-    rel = Path(*[p for p in parts if p.strip(".")]) if parts else Path("item")
-    if not rel.parts:
-        rel = Path("item")
-    return Path(out_dir) / rel.with_name(rel.name + suffix)
+    layout is kept: ``sub/a.wav`` → ``OUT/sub/a.wav.srt``), never outside it; ids that sanitise
+    alike (``..``, ``.``) get distinct names, a very long id a shortened one (runner/output/safe.py)."""
+    from taskrun.runner.output.safe import file_name
+
+    return file_name(out_dir, item_id, suffix)
 
 
 def write_side_files(task, item_id: str, result: Any, options: Any, out_dir: str | None) -> list[str]:
     """An item's files, written before its line (a line in the output means its files exist):
     the SRT of a transcript, the PNGs of an image job (without ``out_dir`` they go where the
     job's own ``out_dir`` option says, as ``run image`` puts them). Written whole or not at all."""
-    from taskrun.tasks.base import atomic_write
+    from taskrun.runner.output.safe import write_file
 
     if task.name == "image" and not out_dir:  # as `run image --json`: named from prompt and seed
         from taskrun.tasks.image import save
@@ -152,7 +148,7 @@ def write_side_files(task, item_id: str, result: Any, options: Any, out_dir: str
     if task.name == "transcribe":
         path = side_path(out_dir, item_id, ".srt")
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, task.write([result], "srt", path, options))
+        write_file(path, task.write([result], "srt", path, options), what="--out-dir file")
         return [str(path)]
     if task.name == "image":
         from taskrun.tasks.image import save

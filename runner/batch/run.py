@@ -47,9 +47,12 @@ class Outcome:
 
 
 def _check_paths(req: Request) -> None:
+    from taskrun.runner.output.safe import same_file
+
+    # By inode, not by name: a hard link or symlink to the input is the input (--restart would empty it).
     out = Path(req.output).resolve()
-    if any(Path(p).exists() and Path(p).resolve() == out for p in req.inputs):
-        raise TaskError(f"-o {req.output} is the input itself; name another output file")
+    if any(Path(p).exists() and (Path(p).resolve() == out or same_file(p, out)) for p in req.inputs):
+        raise TaskError(f"-o {req.output} is the input itself (the same file); name another output file")
     if req.out_dir and not Path(req.out_dir).is_dir():
         raise TaskError(f"--out-dir {req.out_dir} does not exist; create it first")
 

@@ -324,7 +324,10 @@ def _artifact(run: ChainRun, target: Path, text: str) -> None:
     """Write one artifact; a folder removed or a disk filled while the chain ran is a clear error
     (the stages that ran are in the run log under the chain id, and were shown as they ran)."""
     try:
+        from taskrun.runner.output.safe import check_target
+
         target.parent.mkdir(parents=True, exist_ok=True)
+        check_target(target, what="chain artifact")
         atomic_write(target, text)
     except (OSError, TaskError) as exc:
         why = getattr(exc, "strerror", None) or str(exc)

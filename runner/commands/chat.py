@@ -125,13 +125,11 @@ def turn_line(rec) -> str:
 
 
 def save(chat: Chat, path: str) -> None:
-    from taskrun.tasks.base import atomic_write
+    from taskrun.runner.output.safe import write_file
 
     body = {"system": chat.system, "turns": [{"role": r, "content": t} for r, t in chat.turns]}
-    try:
-        atomic_write(path, json.dumps(body, ensure_ascii=False, indent=1) + "\n")
-    except OSError as exc:
-        raise TaskError(f"could not write {path} ({exc.strerror}); pick another path") from None
+    # The -o rules: no device node, no symlink, not the --load file's own inode by surprise.
+    write_file(path, json.dumps(body, ensure_ascii=False, indent=1) + "\n", what="/save")
 
 
 def load(path: str) -> tuple[str, list[tuple[str, str]]]:

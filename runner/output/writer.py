@@ -221,7 +221,10 @@ def deliver(output: str | Path, data: str | bytes) -> None:
     Text is printed on stdout; bytes are saved to a temporary file whose path is named (or, when
     stdout is not a terminal, written there). Either way the error (non-zero exit) says what failed
     and where the result went."""
+    from taskrun.runner.output.safe import check_target
+
     try:
+        check_target(output)  # again at write time: a link or device put there while the job ran
         atomic_write(output, data)
         return
     except OSError as exc:
