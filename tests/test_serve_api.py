@@ -83,7 +83,7 @@ def test_a_json_schema_is_written_to_the_requests_own_folder(uploads):
     "extra, param",
     [
         ({"n": 3}, "n"),
-        ({"tools": [{"type": "function"}]}, "tools"),
+        ({"functions": [{"name": "f"}]}, "functions"),
         ({"logprobs": True}, "logprobs"),
         ({"presence_penalty": 0.5}, "presence_penalty"),
         ({"temperature": "hot"}, "temperature"),

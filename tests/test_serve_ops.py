@@ -72,7 +72,7 @@ def test_the_openai_client_sees_the_field_named(server):
     for extra, param in (
         ({"n": 2}, "n"),
         ({"logprobs": True}, "logprobs"),
-        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "always"}, "tool_choice"),
     ):
         with pytest.raises(openai.BadRequestError) as err:
             client.chat.completions.create(model="tiny-llama", messages=messages, **extra)

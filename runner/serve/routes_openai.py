@@ -18,6 +18,7 @@ from taskrun.tasks.wire import openai_api as oa
 from taskrun.tasks.wire.errors import APIError
 from taskrun.tasks.wire.jobspec import Uploads
 from taskrun.tasks.wire.openai_out import CompletionChunks
+from taskrun.tasks.wire.tools import tool_request
 
 
 def register(app: FastAPI, service) -> None:
@@ -136,7 +137,8 @@ async def completion(service, request: Request, path: str):
         if not streaming:
             release(uploads, running)
     include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-    chunks = CompletionChunks(path == oa.CHAT, spec.model, include_usage, uuid.uuid4().hex[:24])
+    asked = tool_request(body) if path == oa.CHAT else None
+    chunks = CompletionChunks(path == oa.CHAT, spec.model, include_usage, uuid.uuid4().hex[:24], asked)
 
     return sse(_completion_chunks(running, events, chunks), on_close(running, uploads))
 
@@ -146,7 +148,9 @@ async def _completion_chunks(running, events, chunks: CompletionChunks):
         yield chunk
     async for event in events:
         if isinstance(event, ev.Token):
-            yield chunks.piece(event.text, event.index)
+            chunk = chunks.piece(event.text, event.index)
+            if chunk is not None:
+                yield chunk
     try:
         rec = await running.result()
     except APIError as exc:

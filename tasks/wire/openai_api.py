@@ -20,7 +20,7 @@ from typing import Any
 
 from taskrun.tasks.base import Input, TaskError
 from taskrun.tasks.inputs import file_input
-from taskrun.tasks.wire import openai_out
+from taskrun.tasks.wire import openai_out, tools
 from taskrun.tasks.wire.errors import APIError, from_task_error, invalid, unsupported
 from taskrun.tasks.wire.fields import (
     MAX_IMAGES,
@@ -46,6 +46,7 @@ TASK_OF = {
     IMAGES: "image",
 }
 
+TOOL_FIELDS = {"tools", "tool_choice", "parallel_tool_calls"}
 SAMPLING = {"max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "top_k", "repeat_penalty"}
 
 
@@ -111,6 +112,22 @@ def response_format_options(body: dict, uploads: Uploads | None) -> dict:
     return {"json_schema": str(path)}
 
 
+def tool_schema_options(asked: tools.ToolRequest, options: dict, uploads: Uploads | None) -> dict:
+    """With tool_choice required or named, the call is decoded under its functions' schema."""
+    schema = asked.schema()
+    if schema is None:
+        return {}
+    if "json_schema" in options:
+        raise unsupported(
+            "response_format", "a JSON response_format and a required tool_choice both set the answer's form"
+        )
+    if uploads is None:
+        raise unsupported("tool_choice", "a required tool call needs a folder for its schema here")
+    path = uploads.dir / "tool-schema.json"
+    path.write_text(json.dumps(schema), encoding="utf-8")
+    return {"json_schema": str(path)}
+
+
 def chat_messages(messages: Any) -> tuple[str, list[list[str]], Input]:
     """(system prompt, earlier turns as [role, text] pairs, the last user message as the prompt)."""
     if not isinstance(messages, list) or not messages:
@@ -172,9 +189,13 @@ def _stream_flag(body: dict) -> bool:
 
 
 def _chat(path: str, body: dict, uploads: Uploads | None, allow_paths: bool) -> JobSpec:
-    check_fields(body, {"model", "messages", "stream", "stream_options", "response_format"} | SAMPLING)
-    system, history, prompt = chat_messages(body.get("messages"))
+    check_fields(body, {"model", "messages", "stream", "stream_options", "response_format"} | SAMPLING | TOOL_FIELDS)
+    asked = tools.tool_request(body)
+    system, history, prompt = chat_messages(tools.plain_messages(body.get("messages")))
     options = {**sampling_options(body), **response_format_options(body, uploads), "stream": _stream_flag(body)}
+    if asked is not None:
+        system = asked.system(system)
+        options.update(tool_schema_options(asked, options, uploads))
     if system:
         options["system"] = system
     if history:
@@ -298,7 +319,8 @@ def openai_body(path: str, spec: JobSpec, rec, body: dict) -> dict | str:
     """The non-streaming response to ``body`` (sent to ``path``) once its job ``rec`` has
     finished: a JSON object, or text for audio's text, srt and vtt formats."""
     if path in (CHAT, COMPLETIONS):
-        return openai_out.completion_body(path == CHAT, spec, rec)
+        asked = tools.tool_request(body) if path == CHAT else None
+        return openai_out.completion_body(path == CHAT, spec, rec, asked)
     if path == EMBEDDINGS:
         return openai_out.embeddings_body(spec, rec, body.get("encoding_format"))
     if path in (TRANSCRIPTIONS, TRANSLATIONS):

@@ -39,19 +39,28 @@ def usage(results: list, metrics=None) -> dict:
     }
 
 
-def completion_body(chat: bool, spec, rec) -> dict:
+def chat_message(r, asked=None) -> tuple[dict, str | None]:
+    """(the assistant message, its finish reason): with tools asked for, the calls the answer
+    holds become ``tool_calls`` and the reason ``tool_calls`` (tasks/wire/tools.py)."""
+    reason = finish_reason(r.finish_reason)
+    if asked is None:
+        return {"role": "assistant", "content": r.text, "refusal": None}, reason
+    content, calls = asked.calls(r)
+    message: dict = {"role": "assistant", "content": content, "refusal": None}
+    if calls:
+        message["tool_calls"] = calls
+        reason = "tool_calls"
+    return message, reason
+
+
+def completion_body(chat: bool, spec, rec, asked=None) -> dict:
     """A chat.completion or text_completion object, one choice per prompt."""
     results = rec.results
     if chat:
-        choices = [
-            {
-                "index": i,
-                "message": {"role": "assistant", "content": r.text, "refusal": None},
-                "finish_reason": finish_reason(r.finish_reason),
-                "logprobs": None,
-            }
-            for i, r in enumerate(results)
-        ]
+        choices = []
+        for i, r in enumerate(results):
+            message, reason = chat_message(r, asked)
+            choices.append({"index": i, "message": message, "finish_reason": reason, "logprobs": None})
     else:
         choices = [
             {"index": i, "text": r.text, "finish_reason": finish_reason(r.finish_reason), "logprobs": None}
@@ -132,8 +141,9 @@ class CompletionChunks:
     (chat), a chunk per piece of text, a finishing chunk per choice, then (with
     ``stream_options.include_usage``) a usage chunk with no choices."""
 
-    def __init__(self, chat: bool, model: str, include_usage: bool, request_id: str) -> None:
+    def __init__(self, chat: bool, model: str, include_usage: bool, request_id: str, asked=None) -> None:
         self.chat, self.model, self.include_usage = chat, model, include_usage
+        self.asked = asked  # tools asked for: the text is held back and sent as calls at the end
         self.id = ("chatcmpl-" if chat else "cmpl-") + request_id
         self.created = int(time.time())
 
@@ -153,10 +163,23 @@ class CompletionChunks:
         delta = {"role": "assistant", "content": ""}
         return [self._chunk([{"index": 0, "delta": delta, "finish_reason": None, "logprobs": None}])]
 
-    def piece(self, text: str, index: int) -> dict:
+    def piece(self, text: str, index: int) -> dict | None:
+        if self.asked is not None:
+            return None  # a call is only known once its closing tag is written
         if self.chat:
             return self._chunk([{"index": index, "delta": {"content": text}, "finish_reason": None, "logprobs": None}])
         return self._chunk([{"index": index, "text": text, "finish_reason": None, "logprobs": None}])
+
+    def _held(self, index: int, message: dict) -> list[dict]:
+        """The held-back answer as OpenAI streams it: its text, then each call whole."""
+        out = []
+        if message.get("content"):
+            delta = {"content": message["content"]}
+            out.append(self._chunk([{"index": index, "delta": delta, "finish_reason": None, "logprobs": None}]))
+        for n, call in enumerate(message.get("tool_calls", ())):
+            delta = {"tool_calls": [{"index": n, **call}]}
+            out.append(self._chunk([{"index": index, "delta": delta, "finish_reason": None, "logprobs": None}]))
+        return out
 
     def end(self, rec) -> list[dict]:
         """The finishing chunks, the last one carrying the run id."""
@@ -164,6 +187,9 @@ class CompletionChunks:
         out = []
         for i, r in enumerate(results):
             reason = finish_reason(r.finish_reason)
+            if self.asked is not None:
+                message, reason = chat_message(r, self.asked)
+                out.extend(self._held(i, message))
             choice = (
                 {"index": i, "delta": {}, "finish_reason": reason, "logprobs": None}
                 if self.chat
