@@ -295,7 +295,7 @@ def resolve(name: str, offline: bool = False) -> ModelCard:
         digest=digest_path(path, cache_dir()),
         source=source,
         kind=kind,
-        extra=dict(entry.get("settings", {})),
+        extra=dict(entry.get("settings", {})) | ({"draft": str(entry["draft"])} if entry.get("draft") else {}),
         format=fmt,
     )
 

@@ -139,6 +139,17 @@ class Options:
         "held to a grammar built from it (llguidance's JSON Schema subset; "
         "others are refused); then validated.",
     )
+    draft: str = option(
+        "",
+        "--draft",
+        metavar="MODEL",
+        help="A small model of the same tokenizer that proposes tokens for this one to verify "
+        "(speculative decoding, llama.cpp; the same text at --temperature 0, faster). Default: the "
+        "model's `draft` in models.toml; `none` turns it off.",
+    )
+    draft_tokens: int = option(
+        0, "--draft-tokens", help="Tokens the draft proposes per step (0 = adaptive: more while they are accepted)."
+    )
     price_in: float = option(0.0, "--price-in", help="Price per million input tokens, for a cost estimate.")
     price_out: float = option(0.0, "--price-out", help="Price per million output tokens, for a cost estimate.")
 
@@ -147,6 +158,7 @@ class Options:
         require(self.seed is None or self.seed >= 0, f"--seed must be 0 or more (got {self.seed})")
         require(self.repeat_penalty > 0, f"--repeat-penalty must be above 0, e.g. 1.1 (got {self.repeat_penalty})")
         require(all(self.stop), "--stop needs a non-empty text")
+        require(self.draft_tokens >= 0, f"--draft-tokens must be 0 (adaptive) or more (got {self.draft_tokens})")
         require(self.price_in >= 0 and self.price_out >= 0, "--price-in/--price-out must be 0 or more")
         object.__setattr__(self, "history", check_history(self.history, self.raw))
         if self.json_schema:
@@ -186,6 +198,9 @@ class Metrics:
     ttft_s: float = metric("job start (load included) → first token out of the model")
     prefill_s: float = metric("forward pass over the prompt(s), to the first token's logits")
     decode_tokens_per_s: float = metric("tokens after the first ÷ the time from the first to the last")
+    draft_tokens: int = metric("tokens a draft model proposed (--draft, speculative decoding)", 0)
+    accepted_draft_tokens: int = metric("of draft_tokens, those the model accepted", 0)
+    draft_acceptance: float = metric("accepted_draft_tokens ÷ draft_tokens (0 without a draft)", 0.0)
     finish_reason: str = metric("why generation ended: stop, length or stop_sequence (per prompt, joined)", "")
     cost: float | None = metric("estimated cost from --price-in/--price-out per million tokens", None)
 

@@ -36,6 +36,8 @@ class Decoded:
     decode_steps: int = 0  # tokens after the first, the end-of-sequence token included (it cost a pass)
     hit_window: bool = False  # generation stopped because the context window was full
     cached_prompt_tokens: int = 0  # prompt tokens kept from the engine's KV cache, not read again
+    draft_tokens: int = 0  # tokens a draft model proposed (speculative decoding)
+    accepted_draft_tokens: int = 0  # of them, those the model kept
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -51,7 +53,7 @@ def stream(engine, ids: list[int], s: Sampling, clock: Clock, out: Decoded) -> I
     holdback = max((len(x) for x in s.stop), default=0)
     steps: list[float] = []  # seconds inside the engine and sampler, per token
     rule = _constraint(engine, s) if limit > 0 else None
-    for step, token in enumerate(timed(_tokens(engine, ids, limit, s, rule), steps.append)):
+    for step, token in enumerate(timed(_source(engine, ids, limit, s, rule, out), steps.append)):
         if step == 0:
             out.first_token_at, out.prefill_s = clock.now(), steps[0]
             out.cached_prompt_tokens = engine.cached_tokens  # 0 on an engine without a prompt cache
@@ -102,6 +104,17 @@ def _constraint(engine, s: Sampling):
     from taskrun.pipelines.llm.grammar import Constraint
 
     return Constraint(engine, s.grammar)
+
+
+def _source(engine, ids: list[int], limit: int, s: Sampling, rule, out: Decoded) -> Iterator[int]:
+    """The answer's tokens: drafted and verified (speculative.py) where a draft model is given and
+    has room, else one forward pass per token."""
+    draft = s.draft
+    if draft is not None and rule is None and draft.context >= len(ids) + limit:
+        from taskrun.pipelines.llm import speculative
+
+        return speculative.tokens(engine, draft, ids, limit, s, s.draft_tokens, out)
+    return _tokens(engine, ids, limit, s, rule)
 
 
 def _tokens(engine, ids: list[int], limit: int, s: Sampling, rule=None) -> Iterator[int]:

@@ -32,6 +32,8 @@ class GeneratePipeline(LLMPipeline):
             stop=tuple(options.stop),
             repeat_penalty=options.repeat_penalty,
             grammar=schema_grammar(schema) if schema is not None else "",
+            draft=self._draft(options.draft, schema is not None),
+            draft_tokens=options.draft_tokens,
         )
         system = schema_system(schema, options.system)
         totals = _Totals()
@@ -58,6 +60,12 @@ class GeneratePipeline(LLMPipeline):
 
         yield from per_input(inputs, one)
         yield ev.Done(totals.metrics(options))
+
+    def _draft(self, asked: str, grammar: bool):
+        """The draft engine for speculative decoding (--draft, or the model's default), or None."""
+        from taskrun.pipelines.llm.speculative import draft_name, load_draft
+
+        return load_draft(draft_name(self.card, asked), self.engine, bool(asked), grammar)
 
     def _answer(self, ids, s, clock, out, index, stream):
         """Decode one answer, its pieces as Token events when streaming; returns its text."""
@@ -97,6 +105,8 @@ class _Totals:
     prefill_s: float = 0.0
     decode_steps: int = 0
     decode_s: float = 0.0
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
     ttft_s: float | None = None  # the first answer's first token, on the job's clock
     reasons: list[str] = field(default_factory=list)
 
@@ -109,6 +119,8 @@ class _Totals:
         self.prefill_s += out.prefill_s
         self.decode_steps += out.decode_steps
         self.decode_s += out.decode_s
+        self.draft_tokens += out.draft_tokens
+        self.accepted_draft_tokens += out.accepted_draft_tokens
         self.reasons.append(out.finish_reason)
 
     def metrics(self, options) -> Metrics:
@@ -119,6 +131,9 @@ class _Totals:
             ttft_s=self.ttft_s or 0.0,
             prefill_s=self.prefill_s,
             decode_tokens_per_s=self.decode_steps / self.decode_s if self.decode_s > 0 else 0.0,
+            draft_tokens=self.draft_tokens,
+            accepted_draft_tokens=self.accepted_draft_tokens,
+            draft_acceptance=self.accepted_draft_tokens / self.draft_tokens if self.draft_tokens else 0.0,
             finish_reason=",".join(dict.fromkeys(self.reasons)),
             cost=estimate_cost(self.input_tokens, self.output_tokens, options.price_in, options.price_out),
         )

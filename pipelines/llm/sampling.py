@@ -10,7 +10,7 @@ sampler serves every runtime and a seed means the same draw whichever engine pro
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,9 @@ class Sampling:
     stop: tuple[str, ...] = ()
     grammar: str = ""  # an llguidance grammar (pipelines/llm/grammar.py): every token is held to it
     repeat_penalty: float = 1.0  # > 1 makes tokens already generated less likely (1 = off)
+    # a draft engine for speculative decoding (pipelines/llm/speculative.py), None: off
+    draft: object = field(default=None, compare=False, repr=False)
+    draft_tokens: int = 0  # tokens the draft proposes per round; 0: adaptive
 
 
 def generator(seed: int):

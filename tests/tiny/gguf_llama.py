@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 from tests.tiny import done, once
 from tests.tiny.generate import build as build_hf
 
@@ -63,9 +65,12 @@ def _vocab(folder: Path) -> tuple[list[str], list[int], list[str], dict]:
     return tokens, types, merges, ids
 
 
-def build(root: Path) -> Path:
-    """The tiny model as ``<root>/tiny-llama-gguf/tiny-llama.gguf`` (built once per test run)."""
-    folder, ready = once(root, "tiny-llama-gguf")
+def build(root: Path, variant: str = "", noise: float = 0.0, swap: tuple[int, int] | None = None) -> Path:
+    """The tiny model as ``<root>/tiny-llama-gguf/tiny-llama.gguf`` (built once per test run).
+    A ``variant`` (its own folder) is the same model with seeded noise of ``noise`` × each
+    tensor's spread on its weights (a draft model: same vocabulary, other weights), and/or the
+    texts of the two token ids in ``swap`` exchanged (another vocabulary of the same size)."""
+    folder, ready = once(root, "tiny-llama-gguf" + (f"-{variant}" if variant else ""))
     path = folder / "tiny-llama.gguf"
     if ready:
         return path
@@ -77,6 +82,9 @@ def build(root: Path) -> Path:
     cfg = AutoConfig.from_pretrained(hf)
     state = load_file(str(hf / "model.safetensors"))
     tokens, types, merges, ids = _vocab(hf)
+    if swap:
+        a, b = swap
+        tokens[a], tokens[b] = tokens[b], tokens[a]
     folder.mkdir(parents=True, exist_ok=True)
     head_dim = cfg.hidden_size // cfg.num_attention_heads
     rope = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta") or getattr(cfg, "rope_theta", 10000.0)
@@ -104,7 +112,10 @@ def build(root: Path) -> Path:
     w.add_unk_token_id(ids["unk"])
     w.add_add_bos_token(False)
     w.add_chat_template(AutoTokenizer.from_pretrained(hf).chat_template)
+    rng = np.random.default_rng(1)
     for name, array in _tensors(state, cfg).items():
+        if noise:
+            array = (array + rng.normal(0.0, noise * float(array.std()), array.shape)).astype(np.float32)
         w.add_tensor(name, array)
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -1,0 +1,166 @@
+"""Speculative decoding (pipelines/llm/speculative.py) on a tiny GGUF pair built in code: the
+target of tests/tiny/gguf_llama.py and a draft with the same vocabulary and noisy weights.
+
+Greedy answers must be the target's alone, token for token; sampled answers must keep the target's
+distribution (checked against the exact distribution of the first tokens, computed from the
+target's own logits); a draft with another vocabulary is refused."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from taskrun.pipelines.llm.decode import complete
+from taskrun.pipelines.llm.sampling import Sampling
+from taskrun.tasks.base import TaskError
+from taskrun.tasks.clock import Clock
+from tests.tiny import models_toml_with
+from tests.tiny.gguf_llama import build as build_gguf
+
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (`make install` builds it)")
+
+PROMPTS = ["The capital of France is", "Count from one to ten:", "The meeting decided to ship"]
+
+
+@pytest.fixture(scope="module")
+def paths(tiny_dir):
+    return {
+        "target": str(build_gguf(tiny_dir)),
+        "draft": str(build_gguf(tiny_dir, "draft", noise=0.3)),
+        "other": str(build_gguf(tiny_dir, "othervocab", swap=(40, 41))),
+    }
+
+
+@pytest.fixture(scope="module")
+def pair(paths):
+    from taskrun.models.resolve import resolve
+    from taskrun.pipelines.llm.llamacpp import LlamaCppEngine
+    from taskrun.pipelines.llm.speculative import load_draft
+
+    target = copy.copy(LlamaCppEngine.load(resolve(paths["target"]), "cpu", "auto"))
+    return target, load_draft(paths["draft"], target, explicit=True)
+
+
+def _run(target, ids, **kw):
+    return complete(target, ids, Sampling(**kw), Clock())
+
+
+@pytest.mark.parametrize("k", [0, 1, 3, 8])
+def test_greedy_output_is_the_target_alone_token_for_token(pair, k):
+    target, draft = pair
+    proposed = accepted = 0
+    for prompt in PROMPTS:
+        ids = target.prompt_ids(prompt, raw=True)
+        for extra in ({}, {"repeat_penalty": 1.3}, {"stop": (" the",)}):
+            alone = _run(target, ids, max_tokens=40, **extra)
+            spec = _run(target, ids, max_tokens=40, draft=draft, draft_tokens=k, **extra)
+            assert spec.token_ids == alone.token_ids, (prompt, extra)
+            assert (spec.text, spec.finish_reason) == (alone.text, alone.finish_reason)
+            proposed, accepted = proposed + spec.draft_tokens, accepted + spec.accepted_draft_tokens
+            assert alone.draft_tokens == 0
+    assert proposed > 0 and 0 < accepted < proposed  # both branches ran: acceptances and rejections
+
+
+def test_max_tokens_is_kept_exactly(pair):
+    target, draft = pair
+    ids = target.prompt_ids(PROMPTS[0], raw=True)
+    for n in (1, 2, 5, 13):
+        out = _run(target, ids, max_tokens=n, draft=draft, draft_tokens=6)
+        assert len(out.token_ids) == n or out.finish_reason == "stop"
+
+
+def _target_marginals(target, ids, s: Sampling, depth: int):
+    """The exact distribution of each of the first ``depth`` answer tokens under the target alone."""
+    from taskrun.pipelines.llm.speculative import probs
+
+    marg = [np.zeros(target.n_vocab) for _ in range(depth)]
+
+    def walk(prefix, weight, logits):
+        p = probs(logits, s, prefix)
+        marg[len(prefix)] += weight * p
+        if len(prefix) + 1 == depth:
+            return
+        for t in np.nonzero(p > 1e-4)[0]:
+            target.prefill(ids + prefix, room=2)
+            walk([*prefix, int(t)], weight * p[t], target.decode_step(int(t)))
+
+    walk([], 1.0, target.prefill(ids, room=2))
+    target.free()
+    return marg
+
+
+def test_sampled_output_keeps_the_targets_distribution(pair):
+    """Tokens 2 and 3 (the first drafted ones) over 1500 seeds against the target's exact
+    marginals: chi-square, bins of expected count ≥ 5. The draft's own distribution differs
+    enough for the test to fail on a wrong rule (asserted: its chi-square is far above)."""
+    from scipy.stats import chisquare
+
+    target, draft = pair
+    ids = target.prompt_ids(PROMPTS[1], raw=True)
+    s = Sampling(max_tokens=3, temperature=1.0, top_k=4)
+    marg = _target_marginals(target, ids, s, 3)
+    n = 1500
+    seen = [np.zeros(target.n_vocab) for _ in range(3)]
+    proposed = 0
+    for seed in range(n):
+        out = _run(target, ids, max_tokens=3, temperature=1.0, top_k=4, seed=seed, draft=draft, draft_tokens=2)
+        proposed += out.draft_tokens
+        for i, t in enumerate(out.token_ids[:3]):
+            seen[i][t] += 1
+    assert proposed > n
+    draft_marg = _target_marginals(draft, ids, s, 3)
+    for i in (1, 2):
+        exp = marg[i] * n
+        keep = exp >= 5
+        obs = np.append(seen[i][keep], seen[i][~keep].sum())
+        want = np.append(exp[keep], exp[~keep].sum())
+        want *= obs.sum() / want.sum()
+        assert chisquare(obs, want).pvalue > 1e-3, (i, obs, want)
+        wrong = np.append((draft_marg[i] * n)[keep], (draft_marg[i] * n)[~keep].sum())
+        wrong *= obs.sum() / wrong.sum()
+        assert chisquare(wrong, want).pvalue < 1e-6  # the draft alone would be caught
+
+
+def test_a_draft_with_another_vocabulary_is_refused(pair, paths):
+    from taskrun.pipelines.llm.speculative import load_draft
+
+    with pytest.raises(TaskError, match="token 40 .* must share the model's tokenizer"):
+        load_draft(paths["other"], pair[0], explicit=True)
+
+
+def test_cli_draft_metrics_and_refusals(paths, tmp_path):
+    from taskrun.runner.cli import main
+
+    args = ["generate", "The capital of France is", "-m", paths["target"], "--max-tokens", "24", "--json"]
+    alone = CliRunner().invoke(main, args)
+    spec = CliRunner().invoke(main, [*args, "--draft", paths["draft"]])
+    assert alone.exit_code == 0 and spec.exit_code == 0, spec.output
+    a, b = json.loads(alone.stdout), json.loads(spec.stdout)
+    assert b["results"][0]["text"] == a["results"][0]["text"]
+    m = b["metrics"]
+    assert m["draft_tokens"] > 0 and m["draft_acceptance"] == pytest.approx(
+        m["accepted_draft_tokens"] / m["draft_tokens"], abs=1e-5
+    )
+    assert a["metrics"]["draft_tokens"] == 0
+    bad = CliRunner().invoke(main, [*args, "--draft", paths["other"]])
+    assert bad.exit_code != 0 and "must share the model's tokenizer" in bad.output
+    schema = tmp_path / "s.json"
+    schema.write_text('{"type": "object"}')
+    both = CliRunner().invoke(main, [*args, "--draft", paths["draft"], "--json-schema", str(schema)])
+    assert both.exit_code != 0 and "--draft cannot be combined with --json-schema" in both.output
+
+
+def test_a_models_toml_draft_is_used_unasked_and_draft_none_turns_it_off(paths, tmp_path, monkeypatch):
+    from taskrun.runner.cli import main
+
+    aliases = {"tiny-t": {"local": paths["target"], "draft": "tiny-d"}, "tiny-d": {"local": paths["draft"]}}
+    monkeypatch.setenv("TASKRUN_MODELS_TOML", str(models_toml_with(aliases, tmp_path)))
+    args = ["generate", "Count from one to ten:", "-m", "tiny-t", "--max-tokens", "16", "--json"]
+    on = json.loads(CliRunner().invoke(main, args).stdout)
+    off = json.loads(CliRunner().invoke(main, [*args, "--draft", "none"]).stdout)
+    assert on["metrics"]["draft_tokens"] > 0 and off["metrics"]["draft_tokens"] == 0
+    assert on["results"][0]["text"] == off["results"][0]["text"]
