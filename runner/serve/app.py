@@ -53,7 +53,7 @@ def create_app(settings: Settings) -> FastAPI:
     routes_openai.register(app, service)
     routes_ollama.register(app, service)
     routes_native.register(app, service)
-    app.add_middleware(Guard, api_key=settings.api_key, max_body=settings.max_body_bytes)
+    app.add_middleware(Guard, api_key=settings.api_key, max_body=settings.max_body_bytes, more_keys=settings.more_keys)
     app.add_middleware(_Counted, metrics=service.metrics)
     return app
 

@@ -17,6 +17,8 @@ class Settings:
     port: int = 8080
     preload: tuple[str, ...] = ()
     api_key: str | None = None  # None: no key needed (loopback, or --no-auth)
+    more_keys: tuple[str, ...] = ()  # further keys (--api-key repeated), each its own tenant
+    prompt_cache: str = "tenant"  # cached prompt prefixes shared per key ("tenant"), by all ("shared"), or "off"
     max_queue: int = 16  # requests waiting per model, beyond the one running
     max_body_bytes: int = 25 * 1024 * 1024  # OpenAI's own audio upload limit
     corpora: dict[str, str] = field(default_factory=dict)  # search corpus NAME → folder
