@@ -31,6 +31,9 @@ on SmolLM2-135M; llama-server's prompt cache does the same). Either way it is re
 same jobs in the same order give the same texts.
 ``cached_tokens`` says how many prompt tokens a prefill kept (generate's ``cached_prompt_tokens``).
 TASKRUN_PROMPT_CACHE=0 turns it off: every prompt is read whole, as a fresh sequence.
+The cache is reused only by a job of the same scope (tasks/cache_scope.py: a server's tenant, the
+API key): a job of another tenant reads its prompt whole and reports 0 cached tokens, so no client
+learns how much of its prompt matched another's.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from taskrun.pipelines.device import decode_threads
 from taskrun.pipelines.llm.engine import LLMEngine
 from taskrun.pipelines.llm.llamacpp_native import Native, file_type, library, prompt_copy, wants_prompt_copy
 from taskrun.pipelines.llm.llamacpp_native import decode_threads as native_decode_threads
+from taskrun.tasks import cache_scope
 from taskrun.tasks.base import ModelCard, TaskError
 
 MIN_CTX = 512  # the smallest KV cache made: a short job's cache, grown by powers of two on demand
@@ -79,6 +83,7 @@ class LlamaCppEngine(LLMEngine):
         self._one = (lib.llama_token * 1)()
         self._steps = 0  # single-token steps since decoding() began (RECHECK counts them)
         self.cached_tokens = 0  # prompt tokens the last prefill kept from the KV cache (not read again)
+        self.cache_scope: str | None = cache_scope.OFF  # whose tokens the KV cache holds (none yet)
         # the float16 copy that reads prompts (llamacpp_native), made and loaded on the first one
         self.prompt_native: Native | None = None
         self._copy_wanted = wants_prompt_copy(self.path, self.dtype)
@@ -237,10 +242,14 @@ class LlamaCppEngine(LLMEngine):
     def prefill(self, ids: list[int], room: int = 0):
         native, n = self.native, len(ids)
         self.cached_tokens = 0
-        if native.n_ctx >= n + room and os.environ.get("TASKRUN_PROMPT_CACHE", "1") != "0":
+        scope = cache_scope.current()
+        ours = scope is not cache_scope.OFF and scope == self.cache_scope  # another tenant's tokens are not reused
+        self.cache_scope = cache_scope.OFF  # unknown while a read is under way (it may fail half-way)
+        if ours and native.n_ctx >= n + room and os.environ.get("TASKRUN_PROMPT_CACHE", "1") != "0":
             logits = self._resume(ids)
             if logits is not None:
                 native.prompt_end = (n, logits.copy())
+                self.cache_scope = scope
                 return logits
         size = self._size(n + room)
         native.ensure(size)
@@ -257,6 +266,7 @@ class LlamaCppEngine(LLMEngine):
         if logits is None:
             logits = self._logits(native.eval(arr, n))
         native.prompt_end = (n, logits.copy())
+        self.cache_scope = scope
         return logits
 
     def _resume(self, ids: list[int]):

@@ -43,7 +43,17 @@ def physical_cores() -> int:
     "--api-key",
     envvar="TASKRUN_API_KEY",
     metavar="KEY",
-    help="Require 'Authorization: Bearer KEY' on every request but GET /health [env TASKRUN_API_KEY].",
+    multiple=True,
+    help="Require 'Authorization: Bearer KEY' on every request but GET /health [env TASKRUN_API_KEY]. "
+    "Repeatable: each key is a tenant of its own (see --prompt-cache).",
+)
+@click.option(
+    "--prompt-cache",
+    type=click.Choice(["tenant", "shared", "off"]),
+    default="tenant",
+    show_default=True,
+    help="llama.cpp prompt prefixes reused within one API key (tenant), by every client (shared), "
+    "or never (off); cached_tokens never counts another tenant's prefix.",
 )
 @click.option(
     "--allowed-origins",
@@ -154,16 +164,20 @@ def _settings(
     device,
     dtype,
     log_db,
+    prompt_cache,
 ):
     """The operator's choices, checked, as the server's Settings (TaskError names a bad one)."""
     from taskrun.runner.serve.settings import Settings, check_exposure, parse_corpora, parse_origins
 
-    check_exposure(host, api_key, no_auth)
+    keys = tuple(k for k in api_key if k)
+    check_exposure(host, keys[0] if keys else None, no_auth)
     return Settings(
         host=host,
         port=port,
         preload=tuple(preload),
-        api_key=api_key or None,
+        api_key=keys[0] if keys else None,
+        more_keys=keys[1:],
+        prompt_cache=prompt_cache,
         allowed_origins=parse_origins(allowed_origins),
         max_queue=max_queue,
         max_body_bytes=int(max_body_mb * 1024 * 1024),

@@ -54,7 +54,13 @@ def create_app(settings: Settings) -> FastAPI:
     routes_ollama.register(app, service)
     routes_native.register(app, service)
     origins = Origins(settings.host, settings.allowed_origins)
-    app.add_middleware(Guard, api_key=settings.api_key, max_body=settings.max_body_bytes, origins=origins)
+    app.add_middleware(
+        Guard,
+        api_key=settings.api_key,
+        max_body=settings.max_body_bytes,
+        origins=origins,
+        more_keys=settings.more_keys,
+    )
     app.add_middleware(_Counted, metrics=service.metrics)
     return app
 

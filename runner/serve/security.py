@@ -12,11 +12,14 @@ read: a wrong key is refused with 401 before its upload is received, and a body 
 is refused from its Content-Length when it declares one, or as soon as the bytes received pass
 the limit when it does not (chunked uploads). Keys are compared in constant time
 (``hmac.compare_digest``). ``GET /health`` needs no key, so a load balancer can probe it.
+Each key is a tenant: the guard puts an opaque id of the key that matched (``tenant_of``) in the
+request's scope state, so the prompt cache is shared only within one key (tasks/cache_scope.py).
 """
 
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import hmac
 from urllib.parse import urlsplit
 
@@ -96,12 +99,31 @@ class Origins:
         return is_loopback(name) or name.endswith(".localhost") or name in self.hosts or "*" in self.patterns
 
 
+def _tenant(key: str) -> str:
+    """An id for ``key`` that does not reveal it (it may reach logs or metrics labels)."""
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def tenant_of(scope) -> str:
+    """The tenant the guard found for this request ("" on a server without keys)."""
+    return (scope.get("state") or {}).get("taskrun_tenant", "")
+
+
 class Guard:
     """Host and Origin, API key and body limit."""
 
-    def __init__(self, app, *, api_key: str | None, max_body: int, origins: Origins | None = None) -> None:
+    def __init__(
+        self,
+        app,
+        *,
+        api_key: str | None,
+        max_body: int,
+        origins: Origins | None = None,
+        more_keys: tuple[str, ...] = (),
+    ) -> None:
         self.app, self.api_key, self.max_body = app, api_key, max_body
         self.origins = origins or Origins("127.0.0.1")
+        self.keys = ((api_key,) if api_key else ()) + tuple(more_keys)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -124,11 +146,14 @@ class Guard:
                 code="host_not_allowed",
             )
             return await self._refuse(scope, receive, send, err)
-        if self.api_key and scope["path"] not in OPEN_PATHS and not _key_ok(headers, self.api_key):
-            err = APIError(
-                401, "missing or wrong API key: send the header Authorization: Bearer KEY", code="invalid_api_key"
-            )
-            return await self._refuse(scope, receive, send, err, {"WWW-Authenticate": "Bearer"})
+        if self.keys and scope["path"] not in OPEN_PATHS:
+            matched = [k for k in self.keys if _key_ok(headers, k)]  # every key compared: constant time
+            if not matched:
+                err = APIError(
+                    401, "missing or wrong API key: send the header Authorization: Bearer KEY", code="invalid_api_key"
+                )
+                return await self._refuse(scope, receive, send, err, {"WWW-Authenticate": "Bearer"})
+            scope.setdefault("state", {})["taskrun_tenant"] = _tenant(matched[0])
         try:
             declared = int(headers.get(b"content-length", b"0") or 0)
         except ValueError:

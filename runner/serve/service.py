@@ -16,8 +16,10 @@ from typing import Any
 
 from taskrun.runner.serve.catalogue import Catalogue
 from taskrun.runner.serve.metrics import ServerMetrics
+from taskrun.runner.serve.security import tenant_of
 from taskrun.runner.serve.settings import Settings
 from taskrun.runner.serve.workers import LoadGate, ServerJob, Workers
+from taskrun.tasks import cache_scope
 from taskrun.tasks.base import TaskError
 from taskrun.tasks.wire.errors import APIError, from_task_error
 from taskrun.tasks.wire.jobspec import JobSpec
@@ -117,6 +119,7 @@ class Service:
             self.settings.device,
             self.settings.dtype,
             self.loads,
+            cache_scope.for_tenant(self.settings.prompt_cache, tenant_of(request.scope) if request is not None else ""),
         )
         worker = self.workers.get(model)
         worker.admit()  # 503 when the queue is full

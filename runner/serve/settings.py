@@ -18,6 +18,8 @@ class Settings:
     preload: tuple[str, ...] = ()
     api_key: str | None = None  # None: no key needed (loopback, or --no-auth)
     allowed_origins: tuple[str, ...] = ()  # web page origins beyond loopback ones (patterns with *)
+    more_keys: tuple[str, ...] = ()  # further keys (--api-key repeated), each its own tenant
+    prompt_cache: str = "tenant"  # cached prompt prefixes shared per key ("tenant"), by all ("shared"), or "off"
     max_queue: int = 16  # requests waiting per model, beyond the one running
     max_body_bytes: int = 25 * 1024 * 1024  # OpenAI's own audio upload limit
     corpora: dict[str, str] = field(default_factory=dict)  # search corpus NAME → folder

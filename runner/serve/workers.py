@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from taskrun.runner.jobs import run_spec
+from taskrun.tasks import cache_scope
 from taskrun.tasks.base import TaskError
 from taskrun.tasks.wire.errors import APIError
 from taskrun.tasks.wire.jobspec import JobSpec
@@ -70,8 +71,10 @@ class ServerJob:
         device: str,
         dtype: str,
         loads: LoadGate | None = None,
+        cache_scope: str | None = "local",
     ) -> None:
         self.spec, self.loop, self.forward, self.loads = spec, loop, forward, loads
+        self.cache_scope = cache_scope  # whose cached prompt prefixes it may reuse (tasks/cache_scope.py)
         self.log = CapturingLog(log)
         self.device, self.dtype = device, dtype
         self.cancelled = threading.Event()
@@ -101,11 +104,13 @@ class ServerJob:
             raise ClientGone(CANCELLED)
         key = (self.spec.model, self.spec.task, self.spec.runtime)
         self._gate = key if self.loads is not None and self.loads.enter(key) else None
+        scoped = cache_scope.SCOPE.set(self.cache_scope)  # this thread runs this job alone until it ends
         try:
             return run_spec(
                 self.spec, log=self.log, on_event=self.on_event, device=self.device, dtype=self.dtype, offline=True
             )  # a client never makes the server download
         finally:
+            cache_scope.SCOPE.reset(scoped)
             self._open_gate(loaded=False)  # still held: it ended before any event; the next one loads
 
     def _open_gate(self, loaded: bool) -> None:
