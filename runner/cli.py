@@ -32,6 +32,7 @@ EXTRA_COMMANDS: dict[str, str] = {
     "chat": "taskrun.runner.commands.chat:chat_cmd",
     "cache": "taskrun.runner.commands.cache:cache_cmd",
     "bench": "taskrun.runner.commands.bench:bench_cmd",
+    "eval": "taskrun.runner.commands.eval:eval_cmd",
 }
 
 

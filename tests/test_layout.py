@@ -25,9 +25,9 @@ LAYERS = ["tasks", "models", "pipelines", "runner"]  # lowest first
 # The front doors inside runner/: none may import another (the wire formats they share live in
 # tasks/wire/, the job runner and output in runner/'s shared modules). commands/ and cli.py are
 # the click layer over all of them.
-DOORS = {"serve", "batch", "remote", "chains", "bench"}
+DOORS = {"serve", "batch", "remote", "chains", "bench", "eval"}
 RUNNER_SHARED = ["__init__.py", "cli.py", "inputs.py", "jobs.py", "signals.py"]
-RUNNER_PACKAGES = ["batch", "bench", "chains", "commands", "output", "remote", "runlog", "serve"]
+RUNNER_PACKAGES = ["batch", "bench", "chains", "commands", "eval", "output", "remote", "runlog", "serve"]
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 

@@ -1,0 +1,221 @@
+"""A client for one chat endpoint: OpenAI-compatible (``/v1/chat/completions``, streamed) or
+Ollama's native API (``/api/chat``). Torch-free; httpx.
+
+Scopes: ``ttft_s`` and ``total_s`` are measured at this client (request sent → first content
+piece received / last byte); ``server`` holds what the endpoint reported (Ollama's
+``eval_duration``, ``prompt_eval_duration``, ``load_duration`` in seconds; OpenAI's ``usage``),
+kept apart. The API key is read from the environment variable the user names, never from argv;
+it is never put in a message, a log row or a result (``safe_url`` drops any userinfo too).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
+
+from taskrun.tasks.base import TaskError
+
+RETRY_STATUS = {429, 500, 502, 503, 504}
+
+
+def safe_url(url: str) -> str:
+    """The URL without user:password@ and without a query (where keys sometimes travel)."""
+    p = urlsplit(url)
+    host = p.hostname or ""
+    netloc = host + (f":{p.port}" if p.port else "")
+    return urlunsplit((p.scheme, netloc, p.path, "", ""))
+
+
+def parse_spec(spec: str) -> tuple[str, str, str]:
+    """``openai:URL#model`` / ``ollama:URL#model`` / ``URL#model`` → (api, base URL, model). Without a
+    prefix, the URL's shape decides: port 11434 or a path ending in /api is Ollama, else OpenAI."""
+    api = ""
+    for prefix in ("openai:", "ollama:"):
+        if spec.startswith(prefix):
+            api, spec = prefix[:-1], spec[len(prefix) :]
+    url, sep, model = spec.partition("#")
+    if not sep or not model or not url.startswith(("http://", "https://")):
+        raise TaskError(
+            f"endpoint setup {safe_url(url)!r}: give it as openai:http://HOST:PORT/v1#MODEL or ollama:http://HOST:11434#MODEL"
+        )
+    if not api:
+        p = urlsplit(url)
+        api = "ollama" if p.port == 11434 or p.path.rstrip("/").endswith("/api") else "openai"
+    return api, url.rstrip("/"), model
+
+
+@dataclass
+class Reply:
+    text: str = ""
+    finish_reason: str = ""
+    input_tokens: int = 0
+    output_tokens: int = 0
+    ttft_s: float | None = None  # at this client: request sent → first content piece received
+    total_s: float = 0.0  # at this client: request sent → stream closed
+    retries: int = 0  # attempts repeated after a 429, a 5xx, a refused connection or a timeout
+    model: str = ""  # the model name the endpoint reported
+    digest: str = ""  # where the endpoint gives one (Ollama: /api/show)
+    server: dict = field(default_factory=dict)  # what the server reported, in its own scope
+
+
+@dataclass
+class Endpoint:
+    api: str  # openai | ollama
+    url: str  # base: http://host:port/v1 (OpenAI) or http://host:11434 (Ollama)
+    model: str
+    api_key_env: str = ""  # the NAME of the environment variable holding the key
+    timeout_s: float = 120.0
+    max_retries: int = 2
+
+    @classmethod
+    def from_spec(cls, spec: str, api_key_env: str = "", **kw) -> Endpoint:
+        api, url, model = parse_spec(spec)
+        return cls(api, url, model, api_key_env, **kw)
+
+    @property
+    def name(self) -> str:
+        return f"{self.api}:{safe_url(self.url)}#{self.model}"
+
+    def _headers(self) -> dict:
+        if not self.api_key_env:
+            return {}
+        key = os.environ.get(self.api_key_env)
+        if not key:
+            raise TaskError(f"--api-key-env {self.api_key_env}: that environment variable is not set; export it")
+        return {"Authorization": f"Bearer {key}"}
+
+    def chat(
+        self,
+        messages: list[dict],
+        *,
+        max_tokens: int,
+        temperature: float,
+        seed: int | None = None,
+        stop: tuple[str, ...] = (),
+        on_text=None,
+    ) -> Reply:
+        """One chat completion, streamed; retried on 429/5xx/refused/timeout up to ``max_retries``."""
+        import httpx
+
+        reply = Reply()
+        for attempt in range(self.max_retries + 1):
+            try:
+                self._stream(httpx, messages, max_tokens, temperature, seed, stop, reply, on_text)
+                return reply
+            except _Retryable as exc:
+                if attempt == self.max_retries:
+                    raise TaskError(f"endpoint {self.name}: {exc} (after {attempt} retries)") from None
+                reply.retries += 1
+                time.sleep(min(0.25 * 2**attempt, 2.0))
+        return reply
+
+    def _stream(self, httpx, messages, max_tokens, temperature, seed, stop, reply, on_text) -> None:
+        if self.api == "ollama":
+            path = self.url + "/api/chat"
+            opts = {
+                "num_predict": max_tokens,
+                "temperature": temperature,
+                **({"seed": seed} if seed is not None else {}),
+            }
+            body: dict = {"model": self.model, "messages": messages, "stream": True, "options": opts}
+            if stop:
+                opts["stop"] = list(stop)
+        else:
+            path = self.url + "/chat/completions"
+            body = {
+                "model": self.model,
+                "messages": messages,
+                "stream": True,
+                "max_tokens": max_tokens,
+                "temperature": temperature,
+                "stream_options": {"include_usage": True},
+            }
+            if seed is not None:
+                body["seed"] = seed
+            if stop:
+                body["stop"] = list(stop)
+        t0 = time.perf_counter()
+        reply.text, reply.ttft_s = "", None
+        try:
+            with httpx.stream("POST", path, json=body, headers=self._headers(), timeout=self.timeout_s) as r:
+                if r.status_code in RETRY_STATUS:
+                    raise _Retryable(f"HTTP {r.status_code}")
+                if r.status_code >= 400:
+                    r.read()
+                    raise TaskError(f"endpoint {self.name}: HTTP {r.status_code}: {_error_text(r.text)}")
+                for line in r.iter_lines():
+                    piece = self._line(line, reply)
+                    if piece:
+                        if reply.ttft_s is None:
+                            reply.ttft_s = time.perf_counter() - t0
+                        reply.text += piece
+                        if on_text:
+                            on_text(piece)
+        except httpx.ConnectError:
+            raise _Retryable("connection refused (is the server running?)") from None
+        except httpx.TimeoutException:
+            raise _Retryable(f"no answer within {self.timeout_s:g} s (timeout)") from None
+        except httpx.HTTPError as exc:
+            raise _Retryable(type(exc).__name__) from None
+        reply.total_s = time.perf_counter() - t0
+
+    def _line(self, line: str, reply: Reply) -> str:
+        line = line.strip()
+        if not line:
+            return ""
+        if self.api == "openai":
+            if not line.startswith("data:"):
+                return ""
+            line = line[5:].strip()
+            if line == "[DONE]":
+                return ""
+        try:
+            msg = json.loads(line)
+        except json.JSONDecodeError:
+            raise TaskError(f"endpoint {self.name}: a stream line is not JSON: {line[:80]!r}") from None
+        if "error" in msg:
+            raise TaskError(f"endpoint {self.name}: {_error_text(json.dumps(msg))}")
+        return _ollama_line(msg, reply) if self.api == "ollama" else _openai_line(msg, reply)
+
+
+class _Retryable(Exception):
+    pass
+
+
+def _error_text(text: str) -> str:
+    try:
+        err = json.loads(text).get("error")
+        return str(err.get("message", err) if isinstance(err, dict) else err)[:300]
+    except (ValueError, AttributeError):
+        return text[:300]
+
+
+def _openai_line(msg: dict, reply: Reply) -> str:
+    reply.model = msg.get("model") or reply.model
+    usage = msg.get("usage")
+    if usage:
+        reply.server["usage"] = usage
+        reply.input_tokens = int(usage.get("prompt_tokens") or 0)
+        reply.output_tokens = int(usage.get("completion_tokens") or 0)
+    piece = ""
+    for ch in msg.get("choices") or []:
+        piece += (ch.get("delta") or {}).get("content") or ""
+        if ch.get("finish_reason"):
+            reply.finish_reason = ch["finish_reason"]
+    return piece
+
+
+def _ollama_line(msg: dict, reply: Reply) -> str:
+    reply.model = msg.get("model") or reply.model
+    piece = (msg.get("message") or {}).get("content") or ""
+    if msg.get("done"):
+        reply.finish_reason = msg.get("done_reason") or "stop"
+        reply.input_tokens = int(msg.get("prompt_eval_count") or 0)
+        reply.output_tokens = int(msg.get("eval_count") or 0)
+        for k in ("eval_duration", "prompt_eval_duration", "load_duration", "total_duration"):
+            if msg.get(k) is not None:
+                reply.server[k.replace("_duration", "_s")] = msg[k] / 1e9
+    return piece
