@@ -190,10 +190,12 @@ class TranscribePipeline(EnginePipeline):
                 # next batch's first window); then batch_windows at a time
                 if len(batch) >= (size if tally.chunks > first else 1):
                     for seg in self._decode(batch, options, state, segments):
-                        yield ev.Partial(seg, i)
+                        if diarizer is None:  # with --speakers a segment's voice is known at the file's end
+                            yield ev.Partial(seg, i)
                     batch = []
             for seg in self._decode(batch, options, state, segments):  # the file's last windows
-                yield ev.Partial(seg, i)
+                if diarizer is None:
+                    yield ev.Partial(seg, i)
         except TaskError as exc:
             yield _item_error(i, inp, exc)
             return
