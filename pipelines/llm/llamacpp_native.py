@@ -134,6 +134,25 @@ def free_threads() -> int:
     return max(1, min(cores, cores - int(busy + 0.5) + 1))
 
 
+def read_into_memory(lib, params) -> None:
+    """Set llama.cpp to read the GGUF's weights into memory instead of mapping the file.
+
+    A mapped file truncated or rewritten in place under a running process (``cp new.gguf
+    model.gguf`` truncates first) kills it with SIGBUS on its next step through the weights
+    (issue 33 item 11); read into memory, the loaded model no longer depends on the file. This
+    llama.cpp has ``load_mode``/``lazy_mode`` where older ones had ``use_mmap``; setting a field a
+    ctypes struct lacks is silently ignored, so the field is looked up, not assumed."""
+    fields = {f[0] for f in type(params)._fields_}
+    if "load_mode" in fields:
+        params.load_mode = lib.LLAMA_LOAD_MODE_NONE
+        if "lazy_mode" in fields:  # lazy reading needs a mapping
+            params.lazy_mode = lib.LLAMA_LAZY_MODE_OFF
+    elif "use_mmap" in fields:
+        params.use_mmap = False
+    else:
+        raise TaskError(f"this llama.cpp ({PIP} expected) has no way to turn off mmap; reinstall it: {INSTALL}")
+
+
 class Native:
     """One llama.cpp model and its context (KV cache), freed context first when the last engine
     holding it goes: copies of an engine share it, so a copy going away frees nothing in use.
@@ -152,11 +171,7 @@ class Native:
         self.prompt_end: tuple[int, object] | None = None
         params = lib.llama_model_default_params()
         params.n_gpu_layers = 0
-        # Read into memory, not mapped: a file truncated or rewritten in place under a running
-        # process (`cp new.gguf model.gguf`) would SIGBUS it on its next step through the weights
-        # (issue 33 item 11). Measured on the 1.5B Q4_K_M: the same peak RSS (the mapped pages were
-        # resident too), the load ~0.1 s longer from the page cache (benchmarks/bench_default_llm.py).
-        params.use_mmap = False
+        read_into_memory(lib, params)
         _LOG.clear()
         self.model = lib.llama_model_load_from_file(str(path).encode(), params) or None
         if self.model is None:
