@@ -57,6 +57,7 @@ class GeneratePipeline(LLMPipeline):
             return res
 
         yield from per_input(inputs, one)
+        yield from self.engine_notes()
         yield ev.Done(totals.metrics(options))
 
     def _answer(self, ids, s, clock, out, index, stream):

@@ -45,7 +45,14 @@ from taskrun.models.gguf import gguf_file, gguf_metadata
 from taskrun.pipelines import cached_model
 from taskrun.pipelines.device import decode_threads
 from taskrun.pipelines.llm.engine import LLMEngine
-from taskrun.pipelines.llm.llamacpp_native import Native, file_type, library, prompt_copy, wants_prompt_copy
+from taskrun.pipelines.llm.llamacpp_native import (
+    CopyRefused,
+    Native,
+    file_type,
+    library,
+    prompt_copy,
+    wants_prompt_copy,
+)
 from taskrun.pipelines.llm.llamacpp_native import decode_threads as native_decode_threads
 from taskrun.tasks.base import ModelCard, TaskError
 
@@ -82,6 +89,7 @@ class LlamaCppEngine(LLMEngine):
         # the float16 copy that reads prompts (llamacpp_native), made and loaded on the first one
         self.prompt_native: Native | None = None
         self._copy_wanted = wants_prompt_copy(self.path, self.dtype)
+        self.notes: list[str] = []  # why a job ran otherwise than planned (no prompt copy): each job says so
 
     @classmethod
     def load(cls, card: ModelCard, device: str, dtype: str) -> LlamaCppEngine:
@@ -226,7 +234,14 @@ class LlamaCppEngine(LLMEngine):
             self._copy_wanted = False  # one attempt per load: a failure falls back for good
             try:
                 path = prompt_copy(self.lib, self.path, self.digest)
-            except OSError:  # an unwritable cache: prompts read from the file itself
+            except CopyRefused as exc:  # too little room, or llama.cpp failed: each job's notes say so
+                self.notes.append(str(exc))
+                return None
+            except OSError as exc:  # an unwritable cache: prompts read from the file itself
+                self.notes.append(
+                    f"no float16 prompt copy of {self.path.name} ({exc.strerror or exc}), so prompts were "
+                    f"read from the 4-bit weights (the answer can differ); TASKRUN_PROMPT_COPY=0 to silence this"
+                )
                 return None
             try:
                 self.prompt_native = Native(self.lib, path) if path else None

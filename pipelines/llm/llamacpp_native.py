@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import sys
 from collections import deque
 from pathlib import Path
@@ -291,7 +292,8 @@ def wants_prompt_copy(path: Path, dtype: str) -> bool:
 
 
 def prompt_copy(lib, path: Path, digest: str) -> Path | None:
-    """The float16 copy of ``path`` in the cache, made now if missing (None if llama.cpp cannot)."""
+    """The float16 copy of ``path`` in the cache, made now if missing; CopyRefused (an OSError)
+    saying why where it cannot be (too little room on the cache disk, llama.cpp failed)."""
     from taskrun.models.resolve import cache_dir
 
     folder = cache_dir() / "llamacpp"
@@ -299,6 +301,14 @@ def prompt_copy(lib, path: Path, digest: str) -> Path | None:
     if target.exists():
         return target
     folder.mkdir(parents=True, exist_ok=True)
+    need = copy_bytes(path)
+    free = shutil.disk_usage(folder).free
+    if free < need:  # llama.cpp's quantizer would fail part-way, saying nothing we could pass on
+        raise CopyRefused(
+            f"the float16 prompt copy of {path.name} needs {need / 1e6:.0f} MB and {folder} has "
+            f"{free / 1e6:.0f} MB free, so prompts were read from the 4-bit weights (the answer can "
+            f"differ); free space there or set TASKRUN_CACHE_DIR, or TASKRUN_PROMPT_COPY=0 to silence this"
+        )
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")  # a crash never leaves half a file
     params = lib.llama_model_quantize_default_params()
     params.ftype, params.allow_requantize, params.quantize_output_tensor = F16, True, True
@@ -312,4 +322,28 @@ def prompt_copy(lib, path: Path, digest: str) -> Path | None:
             os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
-    return target if ok else None
+    if not ok:
+        raise CopyRefused(
+            f"llama.cpp could not write the float16 prompt copy of {path.name} into {folder} "
+            f"({log_tail(True) or 'no reason given'}), so prompts were read from the 4-bit weights "
+            f"(the answer can differ); TASKRUN_PROMPT_COPY=0 to silence this"
+        )
+    return target
+
+
+class CopyRefused(OSError):
+    """No float16 prompt copy could be made; the message says why and what it changes (a job note)."""
+
+
+def copy_bytes(path: Path) -> int:
+    """The float16 copy's size, over-estimated a little: two bytes a parameter (from the GGUF's
+    tensor table) plus 1%, plus room for the header (vocabulary, template: at most the file's size,
+    counted as 8 MB at most); four times the file where the table cannot be read."""
+    from taskrun.models.gguf import gguf_metadata
+
+    try:
+        params = int(gguf_metadata(path, tensors=True).get("taskrun.parameters") or 0)
+    except TaskError:
+        params = 0
+    size = path.stat().st_size
+    return int(params * 2 * 1.01) + min(size, 8 << 20) if params else 4 * size

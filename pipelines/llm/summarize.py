@@ -46,6 +46,7 @@ class SummarizePipeline(LLMPipeline):
         last = done[0][1] if done else None  # the first summary's final pass: what a user waits for
         n_dec = sum(st["decode_steps"] for st in stages)
         t_dec = sum(st["decode_s"] for st in stages)
+        yield from self.engine_notes()
         yield ev.Done(
             Metrics(
                 input_tokens=sum(st["input_tokens"] for st in stages),
