@@ -3,7 +3,8 @@
 Why: decoding one token streams every weight once, so the bytes per weight set the speed. The
 transformers engine has to de-quantise a GGUF (to float16 at best, a one-time conversion that
 takes tens of seconds and a float32 detour); llama.cpp reads the 4-bit blocks directly with its
-own kernels, maps the file instead of copying it, and starts in well under a second.
+own kernels, reads the file into memory as stored (not mapped: a file changed on disk under a
+running server must not crash it, llamacpp_native.read_into_memory), with no conversion first.
 
 llama.cpp is used as the forward pass only (``prefill``, ``decode_step``, ``free`` over the
 low-level ``llama_decode``): taskrun's own loop (pipelines/llm/decode.py) samples, stops, seeds
@@ -67,7 +68,7 @@ RECHECK = 16
 
 
 class LlamaCppEngine(LLMEngine):
-    """A GGUF loaded by llama.cpp: the model (weights mapped from the file) and one context."""
+    """A GGUF loaded by llama.cpp: the model (weights read into memory) and one context."""
 
     runtime = "llama.cpp"
 
