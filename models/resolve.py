@@ -17,6 +17,7 @@ from pathlib import Path
 
 from taskrun.models.digest import digest_path, dir_size
 from taskrun.models.gguf import gguf_architecture
+from taskrun.models.provenance import describe
 from taskrun.tasks.base import ModelCard, TaskError
 
 if sys.version_info >= (3, 11):
@@ -323,8 +324,9 @@ def list_models(offline: bool = True) -> list[dict]:
         try:
             card = resolve(name, offline=offline)
         except TaskError as exc:
-            row.update(available=False, why=str(exc))
+            row.update(available=False, why=str(exc), **describe(entry, None))
         else:
+            row.update(describe(entry, card.path))
             row.update(
                 available=True,
                 path=card.path,
