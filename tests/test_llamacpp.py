@@ -511,7 +511,7 @@ def test_summarize_counts_the_prompt_tokens_its_stages_kept(tiny):
         for i in range(30)
     )
     r = CliRunner().invoke(
-        main, ["summarize", text, "--model", tiny, "--max-tokens", "8", "--context", "160", "--json", "-q"]
+        main, ["summarize", text, "--model", tiny, "--max-tokens", "8", "--context", "256", "--json", "-q"]
     )
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout.strip().splitlines()[-1])
