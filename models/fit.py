@@ -24,13 +24,17 @@ REPACK_BYTES = 4
 REPACKED = ("LlamaForCausalLM", "MistralForCausalLM", "llama", "mistral")
 
 
-# llama.cpp (a GGUF on its default runtime), calibrated the same way on smollm2-135m: 0.37 GB peak
-# for a 2-token prompt, 1.05 GB for 6,590 tokens. Its weights are the file, mapped; its KV cache
-# is float16; its prompt pass keeps about 4.5 copies of a batch's attention scores (no flash
-# attention on CPU), which grows with the context: 81 KB a token here, beside 22.5 KB of KV.
-LLAMACPP_OVERHEAD = 260 * 1024**2
-LLAMACPP_BATCH = 512
-LLAMACPP_SCORE_COPIES = 4.5
+# llama.cpp (a GGUF on its default runtime). Its weights are read into memory (not mapped), its
+# KV cache is float16 and sized as the engine makes it (512 tokens at least, then powers of two:
+# pipelines/llm/llamacpp.py ``_size``), its compute buffers grow with heads x KV size, and a small
+# 4-bit GGUF also holds a float16 copy that reads prompts, with a second context of its own.
+# Calibrated on measured peak RSS (`/usr/bin/time -f %M run generate --max-tokens 8 --temperature 0`,
+# 2026-12-02, 2 busy cores), for "Hi" (a 512-token cache) and a 1,613-token prompt (2,048):
+# qwen2.5-coder-1.5b 1.242 / 1.348 GB (estimate 1.25 / 1.35), smollm2-135m with its prompt copy
+# 0.483 / 0.603 GB (estimate 0.53 / 0.67): all within 12%.
+LLAMACPP_OVERHEAD = 100 * 1024**2  # Python, taskrun, llama.cpp's runtime
+LLAMACPP_HEAD_TOKEN = 2600  # compute-buffer bytes per attention head per KV-cache token, per context
+LLAMACPP_MIN_CTX = 512
 
 
 def estimate_fit(
@@ -78,14 +82,23 @@ def _shape(card: ModelCard) -> dict:
 
 
 def _llamacpp_fit(card: ModelCard, context: int, batch: int) -> dict:
-    """llama.cpp's memory: the GGUF file (mapped), a float16 KV cache, its prompt pass's score buffers."""
+    """llama.cpp's memory: the GGUF read into memory, a float16 KV cache and compute buffers for
+    the cache llama.cpp makes (rounded up), and the float16 prompt copy where one is used."""
+    from taskrun.pipelines.llm.llamacpp_native import copy_bytes, file_type, wants_prompt_copy
+
     shape = _shape(card)
+    path = gguf_path(card)
     head_dim = shape["hidden"] // shape["heads"]
-    kv = 2 * shape["layers"] * shape["kv_heads"] * head_dim * context * batch * 2
-    scores = int(LLAMACPP_SCORE_COPIES * shape["heads"] * LLAMACPP_BATCH * 4 * context * batch)
-    return _verdict(
-        card, shape, context, batch, "gguf", gguf_path(card).stat().st_size, kv, scores + LLAMACPP_OVERHEAD, "llama.cpp"
-    )
+    n_ctx = LLAMACPP_MIN_CTX
+    while n_ctx < context:
+        n_ctx *= 2
+    n_ctx = max(context, min(n_ctx, shape["max_context"] or n_ctx))
+    copy = wants_prompt_copy(path, file_type(gguf_metadata(path)))
+    contexts = 2 if copy else 1  # the copy reads prompts in a context of its own
+    kv = 2 * shape["layers"] * shape["kv_heads"] * head_dim * n_ctx * batch * 2 * contexts
+    buffers = LLAMACPP_HEAD_TOKEN * shape["heads"] * n_ctx * batch * contexts
+    weights = path.stat().st_size + (copy_bytes(path) if copy else 0)
+    return _verdict(card, shape, context, batch, "gguf", weights, kv, buffers + LLAMACPP_OVERHEAD, "llama.cpp")
 
 
 def _verdict(

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from taskrun.models.digest import digest_path, dir_size
 from taskrun.models.gguf import gguf_architecture
+from taskrun.models.provenance import describe, packages
 from taskrun.tasks.base import ModelCard, TaskError
 
 if sys.version_info >= (3, 11):
@@ -212,7 +213,7 @@ def locate(name: str, offline: bool = False) -> tuple[Path, dict, str]:
         if entry.get("join"):
             p = _joined(entry, name)
             if p is not None:
-                return p, entry, "packages " + ", ".join(entry.get("pip", "").split())
+                return p, entry, "packages " + packages(entry.get("pip", ""))
         p = _package_path(entry)
         if p is not None and p.exists():
             target = p / entry["file"] if entry.get("file") else p
@@ -323,8 +324,9 @@ def list_models(offline: bool = True) -> list[dict]:
         try:
             card = resolve(name, offline=offline)
         except TaskError as exc:
-            row.update(available=False, why=str(exc))
+            row.update(available=False, why=str(exc), **describe(entry, None))
         else:
+            row.update(describe(entry, card.path))
             row.update(
                 available=True,
                 path=card.path,

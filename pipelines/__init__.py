@@ -192,7 +192,7 @@ def cached_model(card: ModelCard, runtime: str, device: str, dtype: str, role: s
                 hit = _touch(key, card)
                 if hit is not None:
                     return hit
-                dropped = _make_room(_expected_bytes(card, runtime, device, dtype), keep=None)
+                dropped = _stale(card) + _make_room(_expected_bytes(card, runtime, device, dtype), keep=None)
             _release(dropped)  # unload before loading: the two never need to fit together
             with _LOAD_LOCK:
                 value = factory()
@@ -217,6 +217,13 @@ def _touch(key: Key, card: ModelCard | None = None) -> Any | None:
     if card is not None and "ran" in entry.card.extra:  # a warm model ran the same converted copy:
         card.extra.setdefault("ran", entry.card.extra["ran"])  # the run log's note says so again
     return entry.value
+
+
+def _stale(card: ModelCard) -> list[Entry]:
+    """Remove the entries loaded from ``card``'s path when its bytes were different (the file was
+    replaced or damaged on disk since): what they hold is no longer what that path is."""
+    stale = [k for k, e in _MODELS.items() if e.card.path == card.path and e.card.digest != card.digest]
+    return [_MODELS.pop(k) for k in stale]
 
 
 def _expected_bytes(card: ModelCard, runtime: str, device: str, dtype: str) -> int:

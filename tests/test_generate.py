@@ -177,7 +177,7 @@ def test_summarize_map_reduce_keeps_each_stage(tiny):
     rec = run_job(
         task,
         lambda: [Input(source="t", kind="text", text=text)],
-        make_options(task.Options, {"max_tokens": 8, "context": 160}),
+        make_options(task.Options, {"max_tokens": 8, "context": 256}),
         model=tiny,
     )
     res, m = rec.results[0], rec.metrics
@@ -185,7 +185,7 @@ def test_summarize_map_reduce_keeps_each_stage(tiny):
     assert [s["stage"] for s in m.stages][-1] == "final"
     assert sum(1 for s in m.stages if s["stage"] == "map1") == res.chunks
     assert m.output_tokens == sum(s["output_tokens"] for s in m.stages)
-    assert all(s["input_tokens"] + 8 <= 160 for s in m.stages)
+    assert all(s["input_tokens"] + 8 <= 256 for s in m.stages)
 
 
 def test_summarize_short_text_is_one_pass(tiny):

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -452,6 +453,38 @@ def test_same_seed_same_text_with_the_float16_prompt_copy(tiny_q4):
     assert llm.native.tokens[: len(turn2)] == turn2 and llm.prompt_native.tokens == []
 
 
+def test_a_cache_disk_too_small_for_the_prompt_copy_is_said_in_the_jobs_notes(tiny_q4, tmp_path):
+    """Issue 33 item 19c: with no room for the float16 prompt copy the prompt is read from the
+    4-bit weights (the answer can change); the job says so instead of changing path silently. A
+    real 1 MB tmpfs as the cache, filled to leave less than the copy needs; the same job on an empty
+    one makes the copy and has no such note."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("needs root to mount a small tmpfs")
+    try:
+        env = {**os.environ, "TASKRUN_CACHE_DIR": str(disk / "cache"), "TASKRUN_LOG_DB": str(tmp_path / "runs.db")}
+        cmd = [str(Path(sys.executable).parent / "run"), "generate", "--model", tiny_q4, "Hello there"]
+        cmd += ["--max-tokens", "3", "--temperature", "0"]
+
+        def run() -> subprocess.CompletedProcess:
+            return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+
+        roomy = run()
+        assert roomy.returncode == 0, roomy.stderr
+        assert "prompt copy" not in roomy.stderr and list((disk / "cache" / "llamacpp").glob("*.f16.gguf"))
+        for f in (disk / "cache" / "llamacpp").glob("*.f16.gguf"):
+            f.unlink()
+        with open(disk / "filler", "wb") as f:  # leave ~16 KB: the tiny model's copy needs ~200 KB
+            f.write(b"\0" * (1024 * 1024 - 16 * 1024 - os.path.getsize(disk / "cache" / "digests.json")))
+        full = run()
+        assert full.returncode == 0, full.stderr
+        assert "float16 prompt copy" in full.stderr and "4-bit weights" in full.stderr, full.stderr
+        assert "MB free" in full.stderr, full.stderr
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
+
+
 def test_chat_turn_two_reuses_turn_ones_conversation(tiny):
     from taskrun.runner.runlog.store import RunLog
 
@@ -478,7 +511,7 @@ def test_summarize_counts_the_prompt_tokens_its_stages_kept(tiny):
         for i in range(30)
     )
     r = CliRunner().invoke(
-        main, ["summarize", text, "--model", tiny, "--max-tokens", "8", "--context", "160", "--json", "-q"]
+        main, ["summarize", text, "--model", tiny, "--max-tokens", "8", "--context", "256", "--json", "-q"]
     )
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout.strip().splitlines()[-1])

@@ -1,9 +1,11 @@
 """A model file changed on disk under a running server (issue 33 item 11).
 
 `cp new.gguf model.gguf` truncates the file in place before it writes: a server reading the weights
-through mmap then died with SIGBUS on its next job, every client cut off. Weights are now read
-into memory (use_mmap=False), and the server notices the file's size/mtime/inode changing before
-the next job, so it re-reads the model (or refuses a broken one clearly) instead of crashing.
+through mmap then died with SIGBUS on its next step, every client cut off. Weights are now read
+into memory (llama.cpp's load_mode NONE: llamacpp_native.read_into_memory), and the server notices
+the file's size/mtime/inode/ctime changing before the next job (serve/catalogue.py, and the digest's
+stamp), so it re-reads the model, or refuses a broken one by name, instead of crashing. Without the
+fix the streaming request below ends "peer closed connection" and the server exits -7 (SIGBUS).
 """
 
 from __future__ import annotations
@@ -26,11 +28,6 @@ def _ask(server: Server) -> httpx.Response:
     return httpx.post(server.url + CHAT, json=body, timeout=60)
 
 
-@pytest.mark.xfail(
-    reason="reproduces issue 33 item 11: the server still dies mid-stream with use_mmap=False; the cause "
-    "(another mapping of the file, e.g. the GGUF header reader or the prompt copy) is not yet found",
-    strict=False,
-)
 def test_truncating_a_loaded_gguf_does_not_crash_the_server(tmp_path, tiny_dir, session_cache):
     from tests.tiny.gguf_llama import build
 

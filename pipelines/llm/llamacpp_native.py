@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import sys
 from collections import deque
 from pathlib import Path
@@ -134,6 +135,25 @@ def free_threads() -> int:
     return max(1, min(cores, cores - int(busy + 0.5) + 1))
 
 
+def read_into_memory(lib, params) -> None:
+    """Set llama.cpp to read the GGUF's weights into memory instead of mapping the file.
+
+    A mapped file truncated or rewritten in place under a running process (``cp new.gguf
+    model.gguf`` truncates first) kills it with SIGBUS on its next step through the weights
+    (issue 33 item 11); read into memory, the loaded model no longer depends on the file. This
+    llama.cpp has ``load_mode``/``lazy_mode`` where older ones had ``use_mmap``; setting a field a
+    ctypes struct lacks is silently ignored, so the field is looked up, not assumed."""
+    fields = {f[0] for f in type(params)._fields_}
+    if "load_mode" in fields:
+        params.load_mode = lib.LLAMA_LOAD_MODE_NONE
+        if "lazy_mode" in fields:  # lazy reading needs a mapping
+            params.lazy_mode = lib.LLAMA_LAZY_MODE_OFF
+    elif "use_mmap" in fields:
+        params.use_mmap = False
+    else:
+        raise TaskError(f"this llama.cpp ({PIP} expected) has no way to turn off mmap; reinstall it: {INSTALL}")
+
+
 class Native:
     """One llama.cpp model and its context (KV cache), freed context first when the last engine
     holding it goes: copies of an engine share it, so a copy going away frees nothing in use.
@@ -152,11 +172,7 @@ class Native:
         self.prompt_end: tuple[int, object] | None = None
         params = lib.llama_model_default_params()
         params.n_gpu_layers = 0
-        # Read into memory, not mapped: a file truncated or rewritten in place under a running
-        # process (`cp new.gguf model.gguf`) would SIGBUS it on its next step through the weights
-        # (issue 33 item 11). Measured on the 1.5B Q4_K_M: the same peak RSS (the mapped pages were
-        # resident too), the load ~0.1 s longer from the page cache (benchmarks/bench_default_llm.py).
-        params.use_mmap = False
+        read_into_memory(lib, params)
         _LOG.clear()
         self.model = lib.llama_model_load_from_file(str(path).encode(), params) or None
         if self.model is None:
@@ -276,7 +292,8 @@ def wants_prompt_copy(path: Path, dtype: str) -> bool:
 
 
 def prompt_copy(lib, path: Path, digest: str) -> Path | None:
-    """The float16 copy of ``path`` in the cache, made now if missing (None if llama.cpp cannot)."""
+    """The float16 copy of ``path`` in the cache, made now if missing; CopyRefused (an OSError)
+    saying why where it cannot be (too little room on the cache disk, llama.cpp failed)."""
     from taskrun.models.resolve import cache_dir
 
     folder = cache_dir() / "llamacpp"
@@ -284,6 +301,14 @@ def prompt_copy(lib, path: Path, digest: str) -> Path | None:
     if target.exists():
         return target
     folder.mkdir(parents=True, exist_ok=True)
+    need = copy_bytes(path)
+    free = shutil.disk_usage(folder).free
+    if free < need:  # llama.cpp's quantizer would fail part-way, saying nothing we could pass on
+        raise CopyRefused(
+            f"the float16 prompt copy of {path.name} needs {need / 1e6:.0f} MB and {folder} has "
+            f"{free / 1e6:.0f} MB free, so prompts were read from the 4-bit weights (the answer can "
+            f"differ); free space there or set TASKRUN_CACHE_DIR, or TASKRUN_PROMPT_COPY=0 to silence this"
+        )
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")  # a crash never leaves half a file
     params = lib.llama_model_quantize_default_params()
     params.ftype, params.allow_requantize, params.quantize_output_tensor = F16, True, True
@@ -297,4 +322,28 @@ def prompt_copy(lib, path: Path, digest: str) -> Path | None:
             os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
-    return target if ok else None
+    if not ok:
+        raise CopyRefused(
+            f"llama.cpp could not write the float16 prompt copy of {path.name} into {folder} "
+            f"({log_tail(True) or 'no reason given'}), so prompts were read from the 4-bit weights "
+            f"(the answer can differ); TASKRUN_PROMPT_COPY=0 to silence this"
+        )
+    return target
+
+
+class CopyRefused(OSError):
+    """No float16 prompt copy could be made; the message says why and what it changes (a job note)."""
+
+
+def copy_bytes(path: Path) -> int:
+    """The float16 copy's size, over-estimated a little: two bytes a parameter (from the GGUF's
+    tensor table) plus 1%, plus room for the header (vocabulary, template: at most the file's size,
+    counted as 8 MB at most); four times the file where the table cannot be read."""
+    from taskrun.models.gguf import gguf_metadata
+
+    try:
+        params = int(gguf_metadata(path, tensors=True).get("taskrun.parameters") or 0)
+    except TaskError:
+        params = 0
+    size = path.stat().st_size
+    return int(params * 2 * 1.01) + min(size, 8 << 20) if params else 4 * size

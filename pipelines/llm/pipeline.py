@@ -16,6 +16,12 @@ class LLMPipeline(EnginePipeline):
 
     engine: LLMEngine
 
+    def engine_notes(self) -> Iterator[ev.Notice]:
+        """The engine's notes (e.g. no float16 prompt copy: prompts read otherwise), one Notice each,
+        for every job that ran so; an engine without notes has none."""
+        for note in getattr(self.engine, "notes", ()):
+            yield ev.Notice(note)
+
 
 def per_input(inputs: list[Input], one: Callable[[int, Input], Iterator[Any]]) -> Iterator[Any]:
     """For each input, yield the events of ``one(index, input)`` (a generator that returns the

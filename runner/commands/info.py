@@ -56,7 +56,8 @@ def tasks_cmd(json_mode):
     help="Offline (default) lists what is here without reaching the hub.",
 )
 def models_cmd(json_mode, offline):
-    """Every known model: available here or not, size, digest, runtime and the tasks it serves."""
+    """Every known model: available here or not, size, digest, runtime, the tasks it serves, and
+    its parameters, quantisation, licence and provenance (registry packages, upstream)."""
     from taskrun.models.resolve import list_models
 
     rows = list_models(offline=offline)
@@ -72,9 +73,19 @@ def models_cmd(json_mode, offline):
                 f" (also {', '.join(x for x in r['runtimes'] if x != r['runtime']) or '-'})"
                 f"   {r['size_bytes'] / 1e6:.1f} MB   {r['digest'][:23]}"
             )
-            click.echo(f"    {r['architecture']}, {r['source']}: {r['path']}")
+            where = "" if r.get("provenance") else f", {r['source']}"  # else its packages are named below
+            click.echo(f"    {r['architecture']}{where}: {r['path']}")
         else:
             click.echo(f"    {r['why']}")
+        what = [
+            f"{r['parameters']} parameters" if r.get("parameters") else "",
+            r.get("quantisation", ""),
+            f"licence {r['licence']}" if r.get("licence") else "",
+        ]
+        if any(what):
+            click.echo("    " + ", ".join(x for x in what if x))
+        if r.get("provenance"):
+            click.echo(f"    from {r['provenance']}")
         if r["default_for"]:
             click.echo(f"    default for {', '.join(r['default_for'])}")
 

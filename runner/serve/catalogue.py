@@ -19,7 +19,7 @@ class Catalogue:
     def __init__(self, preload: tuple[str, ...] = ()) -> None:
         self.preload = preload
         self._rows: list[dict] | None = None
-        self._cards: dict = {}
+        self._cards: dict = {}  # name -> (ModelCard, _stat of its path when resolved)
         self._lock = threading.Lock()  # the listing (it may hash every model once)
         self._cards_lock = threading.Lock()  # one card at a time, not held while listing
 
@@ -66,16 +66,21 @@ class Catalogue:
         from taskrun.models.resolve import aliases, resolve
 
         with self._cards_lock:
-            if name not in self._cards:
-                if name not in aliases() and name not in self.preload:
-                    raise APIError(
-                        404,
-                        f"no model named '{name}' on this server; GET /v1/models lists them",
-                        param="model",
-                        code="model_not_found",
-                    )
-                self._cards[name] = resolve(name, offline=True)
-            return self._cards[name]
+            known = self._cards.get(name)
+            if known is not None and known[1] == _stat(known[0].path):
+                return known[0]
+            if known is None and name not in aliases() and name not in self.preload:
+                raise APIError(
+                    404,
+                    f"no model named '{name}' on this server; GET /v1/models lists them",
+                    param="model",
+                    code="model_not_found",
+                )
+            # new here, or its file changed on disk since (replaced, truncated by `cp`): resolved
+            # again, so the job loads (or refuses) what the path holds now, never the old digest
+            card = resolve(name, offline=True)
+            self._cards[name] = (card, _stat(card.path))
+            return card
 
     def model_for(self, task: str, model: str | None, first_kind: str | None) -> str:
         """The model a job runs on: the one named (it must be served here), else the task's
@@ -98,3 +103,12 @@ class Catalogue:
                 code="model_task_mismatch",
             )
         return name
+
+
+def _stat(path) -> tuple | None:
+    """What changes when a model's file (or folder) is written: size, mtime, inode, ctime (~µs)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns
