@@ -153,7 +153,11 @@ def write_side_files(task, item_id: str, result: Any, options: Any, out_dir: str
         path = side_path(out_dir, item_id, ".srt")
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, task.write([result], "srt", path, options))
-        return [str(path)]
+        if not getattr(options, "speakers", False):
+            return [str(path)]
+        rttm = side_path(out_dir, item_id, ".rttm")  # who spoke when, for diarization tools
+        atomic_write(rttm, task.write([result], "rttm", rttm, options))
+        return [str(path), str(rttm)]
     if task.name == "image":
         from taskrun.tasks.image import save
 

@@ -62,6 +62,11 @@ def _workers(value: str, tasks: dict[str, int]) -> int:
     help="A task option for every taskrun job or file (a job's own options win), e.g. "
     "-O language=en -O batch_size=32. Repeatable.",
 )
+@click.option(
+    "--speakers",
+    is_flag=True,
+    help="transcribe: say who spoke (as -O speakers=true); --out-dir then gets an RTTM beside each SRT.",
+)
 @click.option("--restart", is_flag=True, help="Empty the output first and run every item again.")
 @click.option(
     "--retry-failed",
@@ -123,6 +128,7 @@ def batch_cmd(
     model,
     runtime,
     options,
+    speakers,
     restart,
     retry_failed,
     chunk,
@@ -157,7 +163,7 @@ def batch_cmd(
         out_dir=out_dir,
         model=model,
         runtime=runtime,
-        options=_option_values(options),
+        options={**_option_values(options), **({"speakers": True} if speakers else {})},
         restart=restart,
         retry_failed=retry_failed,
         chunk=chunk,
