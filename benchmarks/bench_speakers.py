@@ -1,0 +1,67 @@
+"""transcribe --speakers: what saying who spoke adds to a transcription, on samples/meeting.wav
+(61 s, three readers), whisper-tiny.en, ctranslate2, default decoding. Plain and --speakers jobs
+run interleaved in one process after a warm-up of each (both models loaded, load excluded);
+rtf is the whole job (read, VAD, decode, and with --speakers embedding and clustering).
+Target (issue 29): --speakers adds at most 25 % (ratio <= 1.25).
+
+    python benchmarks/bench_speakers.py [--rounds N]
+
+Writes benchmarks/results/transcribe-speakers.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+AUDIO = ROOT / "samples" / "meeting.wav"
+
+
+def job(speakers: bool):
+    from taskrun.runner.jobs import run_job
+    from taskrun.tasks.inputs import file_input
+    from taskrun.tasks.transcribe import TASK, Options
+
+    return run_job(TASK, lambda: [file_input(AUDIO)], Options(speakers=speakers), log=None)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    job(False), job(True)  # warm-up: both models loaded and cached
+    rtf: dict[bool, list[float]] = {False: [], True: []}
+    diarize, found = [], set()
+    for _ in range(args.rounds):
+        for sp in (False, True):
+            m = job(sp).metrics
+            rtf[sp].append(m.rtf)
+            if sp:
+                diarize.append(m.diarize_s)
+                found.add(m.speakers)
+    plain, with_sp = statistics.median(rtf[False]), statistics.median(rtf[True])
+    row = {
+        "audio": AUDIO.name,
+        "rounds": args.rounds,
+        "rtf_plain": round(plain, 4),
+        "rtf_speakers": round(with_sp, 4),
+        "ratio_speakers_over_plain": round(with_sp / plain, 3),
+        "diarize_s_median": round(statistics.median(diarize), 3),
+        "speakers_found": sorted(found),
+        "target": "ratio <= 1.25",
+        "command": "python " + " ".join(sys.argv),
+    }
+    print(json.dumps(row, indent=1))
+    out = ROOT / "benchmarks" / "results" / "transcribe-speakers.json"
+    out.write_text(json.dumps(row, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
