@@ -4,7 +4,10 @@ run interleaved in one process after a warm-up of each (both models loaded, load
 rtf is the whole job (read, VAD, decode, and with --speakers embedding and clustering).
 Target (issue 29): --speakers adds at most 25 % (ratio <= 1.25).
 
-    python benchmarks/bench_speakers.py [--rounds N]
+    python benchmarks/bench_speakers.py [--rounds N] [--memory]
+
+--memory: peak RSS of --speakers on a 1-hour and a 1-minute file (bench_transcribe.py's FLACs,
+speech every 5 min), each in a fresh process through the CLI; target: within 10 %.
 
 Writes benchmarks/results/transcribe-speakers.json.
 """
@@ -32,10 +35,29 @@ def job(speakers: bool):
     return run_job(TASK, lambda: [file_input(AUDIO)], Options(speakers=speakers), log=None)
 
 
+def memory() -> dict:
+    import tempfile
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_transcribe import make_long, peak_rss
+
+    rows = {}
+    with tempfile.TemporaryDirectory() as d:
+        for minutes in (1, 60):
+            p = Path(d) / f"long-{minutes}min.flac"
+            make_long(p, minutes)
+            rows[f"{minutes}min"] = peak_rss(p, "--speakers")
+            print(f"  {minutes:>2} min: {rows[f'{minutes}min']}", flush=True)
+    rows["ratio_1h_over_1min"] = round(rows["60min"]["peak_rss_mb"] / rows["1min"]["peak_rss_mb"], 3)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--memory", action="store_true", help="also peak RSS, 1 hour vs 1 minute, with --speakers")
     args = ap.parse_args()
+    mem = memory() if args.memory else None  # first, while this process is small (a child starts at its size)
     job(False), job(True)  # warm-up: both models loaded and cached
     rtf: dict[bool, list[float]] = {False: [], True: []}
     diarize, found = [], set()
@@ -58,6 +80,8 @@ def main() -> None:
         "target": "ratio <= 1.25",
         "command": "python " + " ".join(sys.argv),
     }
+    if mem:
+        row["memory_speakers"] = mem
     print(json.dumps(row, indent=1))
     out = ROOT / "benchmarks" / "results" / "transcribe-speakers.json"
     out.write_text(json.dumps(row, indent=1) + "\n")

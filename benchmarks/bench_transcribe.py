@@ -104,10 +104,10 @@ def make_long(path: Path, minutes: int, sr: int = 44100) -> None:
             f.write(np.stack([block, block], axis=1))
 
 
-def peak_rss(path: Path) -> dict:
+def peak_rss(path: Path, *extra: str) -> dict:
     env = {**os.environ, "TASKRUN_LOG_DB": str(path.with_suffix(".db"))}
     out = subprocess.run(
-        [str(Path(sys.executable).parent / "run"), "transcribe", str(path), "--json", "-q"],
+        [str(Path(sys.executable).parent / "run"), "transcribe", str(path), *extra, "--json", "-q"],
         capture_output=True,
         text=True,
         cwd=ROOT,
