@@ -2,12 +2,14 @@
 through Whisper's English text normaliser (transformers' EnglishTextNormalizer with Whisper's
 British→American spelling map, tools/whisper_english.json, from openai-whisper 20250625's
 whisper/normalizers/english.json, MIT), so "fat-mutton" vs "fat mutton", "counselled" vs
-"counseled", "Mr." vs "mister" and "ten" vs "10" are not counted as errors."""
+"counseled", "Mr." vs "mister" and "ten" vs "10" are not counted as errors. Numerals 0-10 standing
+alone are spelled out first: the normaliser joins "five five" into "55" but leaves "5 5" apart."""
 
 from __future__ import annotations
 
 import functools
 import json
+import re
 from pathlib import Path
 
 SPELLINGS = Path(__file__).with_name("whisper_english.json")
@@ -20,8 +22,12 @@ def _normaliser():
     return EnglishTextNormalizer(json.loads(SPELLINGS.read_text()))
 
 
+_NUMS = "zero one two three four five six seven eight nine ten".split()
+
+
 def words_of(text: str) -> list[str]:
     """The words WER compares: Whisper's English normalisation, split on spaces."""
+    text = re.sub(r"(?<![\w.,])(10|[0-9])(?!\w|[.,]\d)", lambda m: _NUMS[int(m.group(1))], text)
     return _normaliser()(text).split()
 
 
