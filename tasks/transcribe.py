@@ -45,9 +45,8 @@ class Options:
     beam_size: int | None = option(
         None,
         "--beam-size",
-        help="Beam width for Whisper (1 = greedy, the default: beam 5 was "
-        "within 0.5 WER points of it on the project's speech samples "
-        "and about half as fast; see the README's Performance section).",
+        help="Beam width for Whisper (1 = greedy, the default: beam 5 gave the same "
+        "WER on the project's English speech, and is slower; see the README's Performance section).",
     )
     batch_size: int = option(
         1,

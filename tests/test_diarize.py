@@ -112,3 +112,18 @@ def test_der_counts_confusion_and_miss():
     ref = [(0.0, 10.0, "a"), (10.0, 20.0, "b")]
     assert der(ref, [(0.0, 10.0, "x"), (10.0, 20.0, "y")]) == 0.0
     assert 0.45 < der(ref, [(0.0, 20.0, "x")]) < 0.55
+
+
+def test_meeting_notes_hands_summarize_who_said_what():
+    """The chain asks transcribe for speakers, the handoff keeps the labels, and the summary
+    prompt then asks for decisions and actions by speaker (plain text leaves the prompt alone)."""
+    from taskrun.pipelines.llm.summarize import BY_SPEAKER, by_speaker
+    from taskrun.runner.chains.run import load_chain
+    from taskrun.tasks.transcribe import TASK
+
+    assert load_chain("meeting-notes").steps[0].options.get("speakers") is True
+    text = TASK.handoff(labelled())
+    assert text == "SPEAKER_1: Hello there.\nSPEAKER_2: Hi.\nSPEAKER_2: Bye."
+    template = "Summarize {how}.\n\n{text}"
+    assert by_speaker(template, text) == "Summarize {how}." + BY_SPEAKER + "\n\n{text}"
+    assert by_speaker(template, labelled().text) == template

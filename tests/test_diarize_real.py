@@ -93,3 +93,19 @@ def test_silence_has_no_speakers(tmp_path):
     assert out["metrics"]["speakers"] == 0 and out["items"][0]["result"]["segments"] == []
     r = CliRunner().invoke(main, ["transcribe", str(p), "--speakers", "-q"])
     assert r.exit_code == 0 and "no speech found" in r.output
+
+
+def test_batch_folder_with_speakers(tmp_path):
+    """`run batch transcribe FOLDER --speakers`: speakers in each line, an SRT and an RTTM per file."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "out").mkdir()
+    (tmp_path / "in" / "meeting.wav").write_bytes((SAMPLES / "meeting.wav").read_bytes())
+    args = ["batch", "transcribe", str(tmp_path / "in"), "-o", str(tmp_path / "t.jsonl")]
+    r = CliRunner().invoke(main, [*args, "--out-dir", str(tmp_path / "out"), "--speakers", "-q", "--workers", "1"])
+    assert r.exit_code == 0, r.output
+    line = json.loads((tmp_path / "t.jsonl").read_text().splitlines()[0])
+    segs = line["result"]["segments"]
+    assert {s["speaker"] for s in segs} == {"SPEAKER_1", "SPEAKER_2", "SPEAKER_3"}
+    hyp = read_rttm((tmp_path / "out" / "meeting.wav.rttm").read_text())
+    assert der([(s["start"], s["end"], s["speaker"]) for s in segs], hyp) == 0.0
+    assert "SPEAKER_1: " in (tmp_path / "out" / "meeting.wav.srt").read_text()

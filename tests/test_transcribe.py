@@ -522,7 +522,7 @@ def test_real_default_greedy_keeps_the_cards_context_on_the_meeting():
     faster-whisper's greedy vad_filter does: each card is "clubs", not "clothes"."""
     out = job(SAMPLES / "meeting.wav")
     text = out["items"][0]["result"]["text"]
-    assert wer((SAMPLES / "meeting.txt").read_text(), text) <= 0.0105, text
+    assert wer((SAMPLES / "meeting.txt").read_text(), text) <= 1 / 94, text  # 94 words once normalised
     assert "clothes" not in text.lower() and text.lower().count("clubs") == 4
 
 

@@ -1,29 +1,34 @@
-"""Word error rate, the one measure the transcription tests and benchmark both use."""
+"""Word error rate, the one measure the transcription tests and benchmark both use: both texts
+through Whisper's English text normaliser (transformers' EnglishTextNormalizer with Whisper's
+British→American spelling map, tools/whisper_english.json, from openai-whisper 20250625's
+whisper/normalizers/english.json, MIT), so "fat-mutton" vs "fat mutton", "counselled" vs
+"counseled", "Mr." vs "mister" and "ten" vs "10" are not counted as errors. Numerals 0-10 standing
+alone are spelled out first: the normaliser joins "five five" into "55" but leaves "5 5" apart."""
 
 from __future__ import annotations
 
+import functools
+import json
 import re
+from pathlib import Path
 
-_NUMS = {
-    "0": "zero",
-    "1": "one",
-    "2": "two",
-    "3": "three",
-    "4": "four",
-    "5": "five",
-    "6": "six",
-    "7": "seven",
-    "8": "eight",
-    "9": "nine",
-    "10": "ten",
-}
+SPELLINGS = Path(__file__).with_name("whisper_english.json")
+
+
+@functools.cache
+def _normaliser():
+    from transformers.models.whisper.english_normalizer import EnglishTextNormalizer
+
+    return EnglishTextNormalizer(json.loads(SPELLINGS.read_text()))
+
+
+_NUMS = "zero one two three four five six seven eight nine ten".split()
 
 
 def words_of(text: str) -> list[str]:
-    """Lowercase words without punctuation; numerals as words and Mr. as mister, as the
-    LibriVox and CMU references spell them."""
-    text = text.lower().replace("mr.", "mister").replace("-", " ")
-    return [_NUMS.get(w, w) for w in re.findall(r"[a-z0-9']+", text)]
+    """The words WER compares: Whisper's English normalisation, split on spaces."""
+    text = re.sub(r"(?<![\w.,])(10|[0-9])(?!\w|[.,]\d)", lambda m: _NUMS[int(m.group(1))], text)
+    return _normaliser()(text).split()
 
 
 def wer(ref: str, hyp: str) -> float:

@@ -149,7 +149,11 @@ def write_side_files(task, item_id: str, result: Any, options: Any, out_dir: str
         path = side_path(out_dir, item_id, ".srt")
         path.parent.mkdir(parents=True, exist_ok=True)
         write_file(path, task.write([result], "srt", path, options), what="--out-dir file")
-        return [str(path)]
+        if not getattr(options, "speakers", False):
+            return [str(path)]
+        rttm = side_path(out_dir, item_id, ".rttm")  # who spoke when, for diarization tools
+        write_file(rttm, task.write([result], "rttm", rttm, options), what="--out-dir file")
+        return [str(path), str(rttm)]
     if task.name == "image":
         from taskrun.tasks.image import save
 
