@@ -105,7 +105,7 @@ def test_every_cache_the_code_writes_is_a_known_kind():
     named = {INDEX_FILE, "digests.json"}
     for layer in ("runner", "pipelines", "models", "tasks"):
         for f in (root / layer).rglob("*.py"):
-            named |= set(re.findall(r'cache_dir\(\)\s*/\s*"([^"]+)"', f.read_text()))
+            named |= set(re.findall(r'\b(?:cache_dir\(\)|cache)\s*/\s*"([^"]+)"', f.read_text()))
     assert {"gguf", "llamacpp", "joined"} <= named  # the scan sees the known writers
     for name in named:
         assert any(fnmatch(name + "/x", pat) or fnmatch(name, pat) for pat, _, _ in KINDS), name

@@ -104,7 +104,7 @@ def test_nested_frozen_dataclasses_and_tuples():
 
 def test_a_field_the_client_does_not_know_is_an_error_naming_the_fix():
     with pytest.raises(TaskError, match="same taskrun version"):
-        build(Word, {"start": 0, "end": 1, "word": "x", "probability": 1, "speaker": "A"})
+        build(Word, {"start": 0, "end": 1, "word": "x", "probability": 1, "emotion": "calm"})
 
 
 def test_image_pixels_from_the_servers_png_write_the_same_file(tiny_dir, tmp_path):
