@@ -30,14 +30,18 @@ def _cached(client, messages) -> int:
     return r.usage.prompt_tokens_details.cached_tokens
 
 
-@pytest.fixture(scope="module")
-def tenants(serve_env, session_cache):
-    """A server with two keys, each a tenant (--prompt-cache tenant, the default)."""
+@pytest.fixture(scope="module", params=["1", "0"], ids=["one-context", "batched"])
+def tenants(request, serve_env, session_cache):
+    """A server with two keys, each a tenant (--prompt-cache tenant, the default): one llama.cpp
+    context decoding one answer at a time (--parallel 1), or the batch of slots (the default)."""
     pytest.importorskip("llama_cpp")
     folder, toml, _ = serve_env
-    d = folder / "tenants"
+    d = folder / f"tenants-{request.param}"
     d.mkdir()
-    server = Server(d, server_env(d, session_cache, toml), "--api-key", KEY_A, "--api-key", KEY_B)
+    server = Server(
+        d, server_env(d, session_cache, toml), "--api-key", KEY_A, "--api-key", KEY_B, "--parallel", request.param
+    )
+    server.parallel = request.param
     try:
         server.wait_healthy()
         yield server
@@ -48,14 +52,22 @@ def tenants(serve_env, session_cache):
 def test_cached_tokens_never_tell_one_key_about_another_keys_prompt(tenants):
     """Client B sends A's system prompt (a guess at the PIN): with a cache shared across keys,
     B's cached_tokens would say how far its guess matched A's prompt; scoped per key it is 0.
-    A's own next request still reuses A's prefix."""
+    A's own next request still reuses A's prefix, and only A's."""
     a, b = _client(tenants, KEY_A), _client(tenants, KEY_B)
     assert _cached(a, SECRET) == 0
     guess = [SECRET[0], {"role": "user", "content": "What is my balance? And my last payment?"}]
     assert _cached(b, guess) == 0  # B learns nothing of A's prompt
-    assert _cached(b, guess) > 0  # B's own prefix is cached for B
-    assert _cached(a, guess) == 0  # and never for A: B's tokens were the last in the cache
-    assert _cached(a, guess) > 0
+    b_own = _cached(b, guess)
+    assert b_own > 0  # B's own prefix is cached for B
+    if tenants.parallel == "1":
+        assert _cached(a, guess) == 0  # one context: B's tokens were the last in it, and never A's
+        assert _cached(a, guess) > 0
+    else:
+        # slots: A's slot still holds A's first prompt, which shares less with the guess than
+        # B's own copy of it (all but its last token); a hit from B's slot would equal b_own
+        a_hit = _cached(a, guess)
+        assert 0 < a_hit < b_own
+        assert _cached(a, guess) == b_own  # now A has the whole guess in its own slot
 
 
 def test_prompt_cache_shared_and_off(serve_env, session_cache):
