@@ -6,10 +6,14 @@ Real `openai` clients against a real `run serve` subprocess on the tiny GGUF (te
 
 from __future__ import annotations
 
+import threading
+import time
+
+import httpx
 import pytest
 
 pytest.register_assert_rewrite("tests.serve_helpers")  # it is also this module's plugin (below)
-from tests.serve_helpers import Server, server_env  # noqa: E402 (after its assert rewrite is registered)
+from tests.serve_helpers import Server, rows, server_env  # noqa: E402 (after its assert rewrite is registered)
 
 pytest_plugins = ["tests.serve_helpers"]
 
@@ -86,3 +90,143 @@ def test_prompt_cache_shared_and_off(serve_env, session_cache):
             assert (_cached(_client(server, KEY_B), SECRET) > 0) is second, mode
         finally:
             server.stop()
+
+
+# --------------------------------------------------------------------------- continuous batching
+
+PROMPTS = [f"Write a long story about {x}." for x in ("a cat", "the sea", "a robot", "winter")]
+
+
+@pytest.fixture(scope="module")
+def pair(serve_env, session_cache):
+    """(batched server, lone server): --parallel 3, and --parallel 1 (each answer decoded alone in
+    the engine's own context: the single-stream path the batch must agree with). Both read every
+    prompt whole (--prompt-cache off): a prompt read on top of a cached prefix rounds differently
+    from a cold read on either path (pipelines/llm/llamacpp.py), and which prefix each path holds
+    depends on the requests before; these tests compare the decoding. The tenant tests above
+    cover the cache."""
+    pytest.importorskip("llama_cpp")
+    folder, toml, _ = serve_env
+    made = []
+    for name, parallel in (("batched", "3"), ("lone", "1")):
+        d = folder / f"batch-{name}"
+        d.mkdir()
+        made.append(Server(d, server_env(d, session_cache, toml), "--parallel", parallel, "--prompt-cache", "off"))
+    try:
+        for s in made:
+            s.wait_healthy()
+        yield tuple(made)
+    finally:
+        for s in made:
+            s.stop()
+
+
+def _messages(prompt: str) -> list[dict]:
+    return [{"role": "user", "content": prompt}]
+
+
+def _lone(server: Server, prompt: str, max_tokens: int) -> str:
+    r = _client(server, "none").chat.completions.create(
+        model="tiny-gguf", messages=_messages(prompt), max_tokens=max_tokens, temperature=0
+    )
+    assert r.usage.completion_tokens >= 32, "a reference answer this short proves little"
+    return r.choices[0].message.content
+
+
+def _stream(server: Server, prompt: str, max_tokens: int, arrivals: list, index: int, stop_after: int = 0) -> str:
+    """One streamed answer; each content chunk's arrival is appended to ``arrivals`` as (time,
+    index). With ``stop_after``, the client closes the stream after that many chunks."""
+    pieces = []
+    stream = _client(server, "none").chat.completions.create(
+        model="tiny-gguf", messages=_messages(prompt), max_tokens=max_tokens, temperature=0, stream=True
+    )
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+            arrivals.append((time.monotonic(), index))
+            if stop_after and len(pieces) >= stop_after:
+                stream.close()  # the client leaves mid-answer
+                break
+    return "".join(pieces)
+
+
+def _together(fn, n: int) -> list:
+    """``fn(i)`` for i < n on n threads released at once → their results in order."""
+    start, out, errors = threading.Barrier(n), [None] * n, []
+
+    def run(i):
+        start.wait()
+        try:
+            out[i] = fn(i)
+        except Exception as exc:  # reported below, with the others
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    return out
+
+
+def _metric(server: Server, name: str) -> dict[str, float]:
+    """The samples of ``name`` on /metrics for tiny-gguf, by their label text."""
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    found = {}
+    for line in text.splitlines():
+        if line.startswith(name) and 'model="tiny-gguf"' in line:
+            labels, value = line.rsplit(" ", 1)
+            found[labels[len(name) :]] = float(value)
+    return found
+
+
+def _steps(server: Server) -> tuple[float, float, float]:
+    """(decode steps, steps of one sequence, steps of at most 3) from the step-size histogram."""
+    h = _metric(server, "taskrun_batch_step_sequences")
+    one = next(v for k, v in h.items() if 'le="1.0"' in k)
+    three = next(v for k, v in h.items() if 'le="3.0"' in k)
+    return next(v for k, v in h.items() if k.startswith("_count")), one, three
+
+
+def test_concurrent_streams_share_one_batch_and_match_lone_runs(pair):
+    """Four real openai clients at once on a --parallel 3 server: their chunks arrive interleaved
+    in time, decode steps held several sequences (never more than 3: the fourth waited for a
+    slot), and each answer is the one a lone request gets on the single-stream path (temperature 0)."""
+    batched, lone = pair
+    want = [_lone(lone, p, 64) for p in PROMPTS]
+    arrivals: list = []
+    got = _together(lambda i: _stream(batched, PROMPTS[i], 64, arrivals, i), len(PROMPTS))
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g == w, f"answer {i} differs from its lone run after {_common(g, w)} characters"
+    order = [i for _, i in sorted(arrivals)]
+    switches = sum(a != b for a, b in zip(order, order[1:]))
+    assert switches > len(PROMPTS), f"the streams came one after another: {order}"
+    steps, one, three = _steps(batched)
+    assert steps - one > 0, "no decode step held more than one sequence"
+    assert three == steps, "a decode step held more sequences than --parallel 3"
+    assert _metric(batched, "taskrun_batch_running_sequences") == {"": 0.0} or all(
+        v == 0 for v in _metric(batched, "taskrun_batch_running_sequences").values()
+    )
+
+
+def test_a_client_that_leaves_cancels_only_its_sequence(pair):
+    """Three streaming clients; one closes its stream after 3 chunks. Its job is logged as
+    cancelled by the client, the other two answers are their lone runs' to the end, and the
+    freed slot serves the next request."""
+    batched, lone = pair
+    prompts = PROMPTS[:3]
+    want = [_lone(lone, p, 400) for p in prompts]
+    arrivals: list = []
+    got = _together(lambda i: _stream(batched, prompts[i], 400, arrivals, i, stop_after=3 if i == 0 else 0), 3)
+    assert got[1] == want[1] and got[2] == want[2]
+    assert len(got[0]) < len(want[0])
+    deadline = time.monotonic() + 10
+    while not [r for r in rows(batched, status="failed") if "cancelled by the client" in (r.get("error") or "")]:
+        assert time.monotonic() < deadline, "the closed stream's job was not cancelled"
+        time.sleep(0.1)
+    assert _lone(batched, PROMPTS[3], 64) == _lone(lone, PROMPTS[3], 64)
+
+
+def _common(a: str, b: str) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))

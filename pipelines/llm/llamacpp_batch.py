@@ -67,6 +67,7 @@ class _Slot:
         self.seq = seq
         self.tokens: list[int] = []  # ids whose KV this sequence holds
         self.scope: str | None = cache_scope.OFF  # whose tokens they are
+        self.prompt_end: tuple[int, object] | None = None  # (n, logits) after its last prompt read
         self.busy = False
         self.used_at = 0.0
         self.token = 0  # the token handed in for the next step
@@ -127,7 +128,9 @@ class BatchEngine:
             best, keep = min(free, key=lambda s: s.used_at), 0
             if reuse:
                 for s in free:
-                    k = min(_shared(ids, s.tokens), len(ids) - 1) if s.scope == scope else 0
+                    k = _shared(ids, s.tokens) if s.scope == scope else 0
+                    if k < len(ids) or s.prompt_end is None or s.prompt_end[0] != k:
+                        k = min(k, len(ids) - 1)  # the last prompt token is read again: its logits start the answer
                     if k >= MIN_REUSE and k > keep:
                         best, keep = s, k
             best.busy, best.used_at = True, time.monotonic()
@@ -149,11 +152,16 @@ class BatchEngine:
             )
         with self.decode_lock:
             slot.scope = cache_scope.OFF  # unknown while the read is under way (it may fail half-way)
+            end, slot.prompt_end = slot.prompt_end, None
             if not lib.llama_memory_seq_rm(self.mem, slot.seq, keep, -1):
                 keep = 0
                 lib.llama_memory_seq_rm(self.mem, slot.seq, 0, -1)
             del slot.tokens[keep:]
             logits = None
+            if keep == n and end is not None and end[0] == n:
+                # the prompt its last job read, whole: that read's logits, bit for bit (reading its
+                # last token again alone would round differently and could change the answer)
+                logits = end[1]
             for start in range(keep, n, BATCH):
                 part = ids[start : start + BATCH]
                 last = start + len(part) == n
@@ -162,10 +170,11 @@ class BatchEngine:
                 slot.tokens.extend(part)
                 if last:
                     logits = self.base._logits(lib.llama_get_logits_ith(self.ctx, len(part) - 1))
+            slot.prompt_end = (n, logits)
             slot.scope = scope
         with self.cond:
             self.decoding += 1
-        return logits
+        return logits.copy()
 
     def step(self, slot: _Slot, token: int):
         """Append ``token`` to ``slot``'s sequence in the next batched step → its next logits."""
@@ -220,7 +229,7 @@ class BatchEngine:
         with self.cond:
             slot.busy = False
             if slot.scope is cache_scope.OFF:
-                slot.tokens = []
+                slot.tokens, slot.prompt_end = [], None
             if decoded:
                 self.decoding -= 1
             self._count(running=-1)
@@ -242,7 +251,7 @@ class BatchEngine:
             # what llama.cpp kept of a failed batch is unknown: every slot starts over
             for s in self.slots:
                 self.lib.llama_memory_seq_rm(self.mem, s.seq, 0, -1)
-                s.tokens, s.scope = [], cache_scope.OFF
+                s.tokens, s.scope, s.prompt_end = [], cache_scope.OFF, None
             raise TaskError(f"llama.cpp failed to evaluate a batch of {n} tokens (llama_decode returned {rc})")
 
     def sequence(self) -> Sequence:
