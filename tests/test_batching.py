@@ -230,3 +230,14 @@ def test_a_client_that_leaves_cancels_only_its_sequence(pair):
 
 def _common(a: str, b: str) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def test_default_parallel_follows_memory():
+    """--parallel 0: up to 4 sequences, fewer when their KV caches would take over a quarter of
+    the memory available, never none."""
+    from taskrun.pipelines.llm.llamacpp_batch import auto_slots
+
+    mb = 1 << 20
+    assert auto_slots(100 * mb, available=8000 * mb) == 4
+    assert auto_slots(100 * mb, available=1000 * mb) == 2  # 250 MB for KV: two 100 MB caches
+    assert auto_slots(100 * mb, available=100 * mb) == 1
