@@ -35,7 +35,7 @@ import time
 from contextlib import nullcontext
 
 from taskrun.models.fit import _available_ram
-from taskrun.pipelines.llm.llamacpp_native import BATCH, log_tail, prompt_threads
+from taskrun.pipelines.llm.llamacpp_native import BATCH, decode_threads, log_tail, prompt_threads
 from taskrun.tasks import cache_scope
 from taskrun.tasks.base import TaskError
 from taskrun.tasks.seq_batch import Join
@@ -87,7 +87,7 @@ class BatchEngine:
         p = lib.llama_context_default_params()
         p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max = n * self.n_ctx_seq, BATCH, BATCH, n
         p.kv_unified, p.no_perf = False, True
-        p.n_threads = p.n_threads_batch = prompt_threads()
+        self.n_threads = p.n_threads = p.n_threads_batch = decode_threads()
         self.ctx = lib.llama_init_from_model(model, p) or None
         if self.ctx is None:
             raise TaskError(
@@ -157,6 +157,8 @@ class BatchEngine:
                 keep = 0
                 lib.llama_memory_seq_rm(self.mem, slot.seq, 0, -1)
             del slot.tokens[keep:]
+            if keep < n:
+                self._threads(prompt_threads())  # a prompt is many tokens: the cores free now
             logits = None
             if keep == n and end is not None and end[0] == n:
                 # the prompt its last job read, whole: that read's logits, bit for bit (reading its
@@ -172,6 +174,7 @@ class BatchEngine:
                     logits = self.base._logits(lib.llama_get_logits_ith(self.ctx, len(part) - 1))
             slot.prompt_end = (n, logits)
             slot.scope = scope
+            self._threads(decode_threads())
         with self.cond:
             self.decoding += 1
         return logits.copy()
@@ -203,8 +206,7 @@ class BatchEngine:
                 with self.decode_lock:
                     self.steps += 1
                     if self.steps % RECHECK == 0:  # a neighbour may have started (or stopped)
-                        t = prompt_threads()
-                        self.lib.llama_set_n_threads(self.ctx, t, t)
+                        self._threads(decode_threads())
                     self._fill([(s.seq, s.token, len(s.tokens), True) for s in group])
                     self._decode(len(group))
                     for i, s in enumerate(group):
@@ -236,6 +238,13 @@ class BatchEngine:
             self.cond.notify_all()
 
     # ----------------------------------------------------------------- llama.cpp
+
+    def _threads(self, n: int) -> None:
+        """llama.cpp's threads from now on: a step of a few sequences is decode work, and takes
+        the single-stream engine's decode threads (llamacpp_native.decode_threads)."""
+        if n != self.n_threads:
+            self.lib.llama_set_n_threads(self.ctx, n, n)
+            self.n_threads = n
 
     def _fill(self, rows: list[tuple[int, int, int, bool]]) -> None:
         """The batch as (seq_id, token, position, wants logits) rows."""
