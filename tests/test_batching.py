@@ -283,3 +283,29 @@ def test_default_parallel_follows_memory():
     assert auto_slots(100 * mb, available=8000 * mb) == 4
     assert auto_slots(100 * mb, available=1000 * mb) == 2  # 250 MB for KV: two 100 MB caches
     assert auto_slots(100 * mb, available=100 * mb) == 1
+
+
+def test_beyond_parallel_and_the_queue_a_request_gets_503(serve_env, session_cache):
+    """--parallel 2 --max-queue 1: of 4 long requests sent at once, 2 decode, 1 waits, and the
+    rest are answered 503 with Retry-After at once; every other one ends with its answer."""
+    pytest.importorskip("llama_cpp")
+    folder, toml, _ = serve_env
+    d = folder / "batch-queue"
+    d.mkdir()
+    server = Server(d, server_env(d, session_cache, toml), "--parallel", "2", "--max-queue", "1")
+    try:
+        server.wait_healthy()
+        body = {"model": "tiny-gguf", "messages": _messages(PROMPTS[0]), "max_tokens": 400, "temperature": 0}
+
+        def send(i):
+            return httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120)
+
+        answers = _together(send, 4)
+        codes = sorted(r.status_code for r in answers)
+        assert codes.count(503) >= 1 and set(codes) <= {200, 503}, codes
+        assert codes.count(200) <= 3, codes  # 2 in the batch + 1 in the queue at most
+        assert all(r.headers.get("retry-after") for r in answers if r.status_code == 503)
+        steps, one, _ = _steps(server)
+        assert max((v for k, v in _metric(server, "taskrun_batch_step_sequences").items() if 'le="2.0"' in k)) == steps
+    finally:
+        server.stop()
