@@ -39,7 +39,9 @@ class _Vocabulary:
 
 def tokenizer(engine):
     """llguidance's view of ``engine``'s vocabulary, built once per loaded engine (it walks
-    every token: ~0.1 s for a 49k vocabulary)."""
+    every token: ~0.1 s for a 49k vocabulary). A batched sequence (llamacpp_batch.Sequence) uses
+    its loaded engine's."""
+    engine = getattr(engine, "base", engine)
     if engine not in _TOKENIZERS:
         from llguidance import LLTokenizer, TokenizerWrapper
 

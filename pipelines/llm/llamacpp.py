@@ -58,7 +58,7 @@ from taskrun.pipelines.llm.llamacpp_native import (
     wants_prompt_copy,
 )
 from taskrun.pipelines.llm.llamacpp_native import decode_threads as native_decode_threads
-from taskrun.tasks import cache_scope
+from taskrun.tasks import cache_scope, seq_batch
 from taskrun.tasks.base import ModelCard, TaskError
 
 MIN_CTX = 512  # the smallest KV cache made: a short job's cache, grown by powers of two on demand
@@ -321,6 +321,17 @@ class LlamaCppEngine(LLMEngine):
             self.native.decode_on(native_decode_threads())
         self._one[0] = token
         return self._logits(self.native.eval(self._one, 1))
+
+    def stream(self, ids, sampling, clock, out):
+        """The shared loop; a server job that may join its model's batch (tasks/seq_batch.py)
+        decodes as one sequence of it (llamacpp_batch.py) instead of in this engine's own context."""
+        join = seq_batch.current()
+        if join is None:
+            return super().stream(ids, sampling, clock, out)
+        from taskrun.pipelines.llm.decode import stream
+        from taskrun.pipelines.llm.llamacpp_batch import batch_for
+
+        return stream(batch_for(self, join).sequence(), ids, sampling, clock, out)
 
     def free(self) -> None:
         """Nothing: the KV cache stays for the next job's shared prefix (see the module's docstring)."""

@@ -73,6 +73,15 @@ def physical_cores() -> int:
     help="Requests that may wait per model; beyond that, 503 with Retry-After.",
 )
 @click.option(
+    "--parallel",
+    default=0,
+    type=click.IntRange(0, 64),
+    metavar="N",
+    help="Generate requests on one llama.cpp model decoded together in one batch, at most N "
+    "(0, the default: up to 4, fewer if their KV caches would not fit in memory; 1: one at a "
+    "time). Beyond N they wait in the queue.",
+)
+@click.option(
     "--max-body-mb",
     default=25.0,
     show_default=True,
@@ -135,8 +144,9 @@ def serve_cmd(threads, max_memory, **choices):
 
     \b
     Threads: torch uses --threads intra-op threads (default: the physical
-    cores) and OpenMP waits passively. Jobs of one model run one at a time;
-    different models run side by side and then share the cores.
+    cores) and OpenMP waits passively. Jobs of one model run one at a time,
+    but generate requests on a llama.cpp model, which share one batch
+    (--parallel); different models run side by side and share the cores.
     """
     from taskrun.runner.serve.settings import parse_size
 
@@ -165,6 +175,7 @@ def _settings(
     dtype,
     log_db,
     prompt_cache,
+    parallel,
 ):
     """The operator's choices, checked, as the server's Settings (TaskError names a bad one)."""
     from taskrun.runner.serve.settings import Settings, check_exposure, parse_corpora, parse_origins
@@ -179,6 +190,7 @@ def _settings(
         more_keys=keys[1:],
         prompt_cache=prompt_cache,
         allowed_origins=parse_origins(allowed_origins),
+        parallel=parallel,
         max_queue=max_queue,
         max_body_bytes=int(max_body_mb * 1024 * 1024),
         corpora=parse_corpora(corpora),

@@ -117,7 +117,9 @@ def _install_ops(app: FastAPI, service: Service) -> None:
     async def metrics():
         from prometheus_client import CONTENT_TYPE_LATEST
 
-        return Response(service.metrics.text(service.workers.depth()), media_type=CONTENT_TYPE_LATEST)
+        return Response(
+            service.metrics.text(service.workers.depth(), service.workers.batches()), media_type=CONTENT_TYPE_LATEST
+        )
 
 
 async def _preload(service: Service, model: str) -> None:

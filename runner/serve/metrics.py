@@ -65,6 +65,21 @@ class ServerMetrics:
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
             registry=r,
         )
+        # continuous batching of llama.cpp generate jobs (pipelines/llm/llamacpp_batch.py)
+        self.batch_running = Gauge(
+            "taskrun_batch_running_sequences", "sequences in a model's batch (prefill or decode)", ["model"], registry=r
+        )
+        self.batch_waiting = Gauge(
+            "taskrun_batch_waiting_requests", "generate requests waiting to join a model's batch", ["model"], registry=r
+        )
+        self.batch_now = Gauge("taskrun_batch_size", "sequences in the last batched decode step", ["model"], registry=r)
+        self.batch_steps = Histogram(
+            "taskrun_batch_step_sequences",
+            "sequences decoded together per decode step",
+            ["model"],
+            buckets=(1, 2, 3, 4, 6, 8, 16, 32, 64),
+            registry=r,
+        )
         self.task = {
             name: Histogram(f"taskrun_task_{name}", doc, ["task", "model"], buckets=b, registry=r)
             for name, (doc, b) in TASK_METRICS.items()
@@ -89,7 +104,11 @@ class ServerMetrics:
             if name in self.task and isinstance(value, (int, float)) and not isinstance(value, bool):
                 self.task[name].labels(task, model).observe(value)
 
-    def text(self, depth: dict[str, int]) -> bytes:
+    def text(self, depth: dict[str, int], batches: dict[str, tuple[int, int, int]] | None = None) -> bytes:
         for model, n in depth.items():
             self.queue_depth.labels(model).set(n)
+        for model, (running, waiting, size) in (batches or {}).items():
+            self.batch_running.labels(model).set(running)
+            self.batch_waiting.labels(model).set(waiting)
+            self.batch_now.labels(model).set(size)
         return generate_latest(self.registry)

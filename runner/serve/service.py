@@ -86,7 +86,7 @@ class Service:
         self.settings = settings
         self.metrics = ServerMetrics()
         self.catalogue = Catalogue(settings.preload)
-        self.workers = Workers(settings.max_queue, same_as=self._weights_of)
+        self.workers = Workers(settings.max_queue, same_as=self._weights_of, parallel=settings.parallel)
         self.log = RunLog(settings.log_db)
         self.preload_state: dict[str, str] = {m: "loading" for m in settings.preload}
         self.batcher = None  # an EmbedBatcher when batching is on (app.py sets it)
@@ -111,6 +111,8 @@ class Service:
         spec.model = model
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue | None = asyncio.Queue() if stream else None
+        worker = self.workers.get(model)
+        batched = worker.join is not None and self._batched(spec, model)
         job = ServerJob(
             spec,
             self.log,
@@ -120,19 +122,30 @@ class Service:
             self.settings.dtype,
             self.loads,
             cache_scope.for_tenant(self.settings.prompt_cache, tenant_of(request.scope) if request is not None else ""),
+            worker.join if batched else None,
         )
-        worker = self.workers.get(model)
         worker.admit()  # 503 when the queue is full
-        future = asyncio.ensure_future(self._execute(worker, job, model))
+        if batched and worker.join is not None and worker.join.on_step is None:
+            worker.join.on_step = self.metrics.batch_steps.labels(worker.model).observe
+        future = asyncio.ensure_future(self._execute(worker, job, model, batched))
         if request is not None:
             watcher = asyncio.ensure_future(_watch(request, job))
             future.add_done_callback(lambda _: watcher.cancel())
         return Running(self, job, model, future, queue)
 
-    async def _execute(self, worker, job: ServerJob, model: str):
+    def _batched(self, spec: JobSpec, model: str) -> bool:
+        """Whether ``spec`` may decode in its model's batch: a generate job on llama.cpp."""
+        if spec.task != "generate":
+            return False
+        try:
+            return (spec.runtime or self.catalogue.card(model).runtime) == "llama.cpp"
+        except (TaskError, APIError):
+            return False
+
+    async def _execute(self, worker, job: ServerJob, model: str, batched: bool = False):
         task = job.spec.task
         try:
-            rec = await worker.run(job.execute)
+            rec = await worker.run(job.execute, batched)
         except TaskError:
             self.metrics.job(task, model, "failed", job.queue_wait_s)
             raise

@@ -21,6 +21,9 @@ class Settings:
     more_keys: tuple[str, ...] = ()  # further keys (--api-key repeated), each its own tenant
     prompt_cache: str = "tenant"  # cached prompt prefixes shared per key ("tenant"), by all ("shared"), or "off"
     max_queue: int = 16  # requests waiting per model, beyond the one running
+    parallel: int = (
+        0  # llama.cpp generate sequences decoded together per model (0: chosen from memory; 1: one at a time)
+    )
     max_body_bytes: int = 25 * 1024 * 1024  # OpenAI's own audio upload limit
     corpora: dict[str, str] = field(default_factory=dict)  # search corpus NAME → folder
     batching: bool = True  # dynamic batching of concurrent embeddings requests

@@ -23,12 +23,15 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from taskrun.runner.jobs import run_spec
-from taskrun.tasks import cache_scope
+from taskrun.tasks import cache_scope, seq_batch
 from taskrun.tasks.base import TaskError
 from taskrun.tasks.wire.errors import APIError
 from taskrun.tasks.wire.jobspec import JobSpec
 
 CANCELLED = "cancelled by the client"
+AUTO_PARALLEL = (
+    4  # batch threads per model when --parallel is 0 (llamacpp_batch.AUTO_MAX, not imported: torch-free start)
+)
 
 
 class ClientGone(TaskError):
@@ -72,9 +75,11 @@ class ServerJob:
         dtype: str,
         loads: LoadGate | None = None,
         cache_scope: str | None = "local",
+        join: seq_batch.Join | None = None,
     ) -> None:
         self.spec, self.loop, self.forward, self.loads = spec, loop, forward, loads
         self.cache_scope = cache_scope  # whose cached prompt prefixes it may reuse (tasks/cache_scope.py)
+        self.join = join  # the model's batch this job's answer decodes in (tasks/seq_batch.py), or None
         self.log = CapturingLog(log)
         self.device, self.dtype = device, dtype
         self.cancelled = threading.Event()
@@ -105,11 +110,13 @@ class ServerJob:
         key = (self.spec.model, self.spec.task, self.spec.runtime)
         self._gate = key if self.loads is not None and self.loads.enter(key) else None
         scoped = cache_scope.SCOPE.set(self.cache_scope)  # this thread runs this job alone until it ends
+        joined = seq_batch.JOIN.set(self.join)
         try:
             return run_spec(
                 self.spec, log=self.log, on_event=self.on_event, device=self.device, dtype=self.dtype, offline=True
             )  # a client never makes the server download
         finally:
+            seq_batch.JOIN.reset(joined)
             cache_scope.SCOPE.reset(scoped)
             self._open_gate(loaded=False)  # still held: it ended before any event; the next one loads
 
@@ -176,11 +183,21 @@ class LoadGate:
 
 
 class ModelWorker:
-    """The thread and the queue of one model."""
+    """The thread and the queue of one model; and the threads of its batch (``join``): jobs that
+    decode as sequences of one llama.cpp batch (tasks/seq_batch.py) run side by side, one thread
+    each, up to the batch's bound, since they share no state but the engine's batch, which is
+    made for them (pipelines/llm/llamacpp_batch.py)."""
 
-    def __init__(self, model: str, max_queue: int) -> None:
+    def __init__(self, model: str, max_queue: int, parallel: int = 1) -> None:
         self.model, self.max_queue = model, max_queue
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"taskrun-{model}"[:40])
+        threads = parallel or AUTO_PARALLEL
+        self.join = seq_batch.Join(parallel) if threads > 1 else None
+        self.batch_pool = (
+            ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"taskrun-b-{model}"[:40])
+            if self.join is not None
+            else None
+        )
         self.waiting = 0  # submitted, not started (event loop thread only)
         self.running = 0
         self.recent_s = 1.0  # how long a recent job took, to suggest when to retry
@@ -192,8 +209,9 @@ class ModelWorker:
             raise QueueFull(self.model, self.max_queue, max(1, round(self.recent_s * (self.waiting + 1))))
         self.waiting += 1
 
-    async def run(self, fn: Callable[[], Any]) -> Any:
-        """``fn()`` on this model's thread, for a job that was admitted (it holds a place)."""
+    async def run(self, fn: Callable[[], Any], batched: bool = False) -> Any:
+        """``fn()`` on this model's thread (on one of its batch's, ``batched``), for a job that
+        was admitted (it holds a place)."""
         started = asyncio.get_running_loop().create_future()
 
         def call():
@@ -204,7 +222,8 @@ class ModelWorker:
             finally:
                 self.recent_s = 0.8 * self.recent_s + 0.2 * (time.perf_counter() - t0)
 
-        future = asyncio.get_running_loop().run_in_executor(self.pool, call)
+        pool = self.batch_pool if batched and self.batch_pool is not None else self.pool
+        future = asyncio.get_running_loop().run_in_executor(pool, call)
         try:
             await asyncio.wait([started, future], return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -217,6 +236,8 @@ class ModelWorker:
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.batch_pool is not None:
+            self.batch_pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _set_once(future: asyncio.Future) -> None:
@@ -229,8 +250,8 @@ class Workers:
     (its weights' digest): two names for one file (an alias and its path) get one worker, since
     they get one loaded engine, whose state (a KV cache) a second thread would corrupt."""
 
-    def __init__(self, max_queue: int, same_as: Callable[[str], str] | None = None) -> None:
-        self.max_queue = max_queue
+    def __init__(self, max_queue: int, same_as: Callable[[str], str] | None = None, parallel: int = 1) -> None:
+        self.max_queue, self.parallel = max_queue, parallel
         self.same_as = same_as or (lambda model: model)
         self.by_model: dict[str, ModelWorker] = {}
         self._by_weights: dict[str, ModelWorker] = {}
@@ -239,12 +260,23 @@ class Workers:
         if model not in self.by_model:
             weights = self.same_as(model)
             if weights not in self._by_weights:
-                self._by_weights[weights] = ModelWorker(model, self.max_queue)
+                self._by_weights[weights] = ModelWorker(model, self.max_queue, self.parallel)
             self.by_model[model] = self._by_weights[weights]
         return self.by_model[model]
 
     def depth(self) -> dict[str, int]:
         return {m: w.waiting + w.running for m, w in self.by_model.items()}
+
+    def batches(self) -> dict[str, tuple[int, int, int]]:
+        """(running sequences, waiting requests, sequences in the last step) of each model's batch
+        that exists: requests waiting for the model's batch threads count as waiting too."""
+        out = {}
+        for w in self._by_weights.values():
+            j = w.join
+            if j is not None and j.slots:
+                with j.lock:
+                    out[w.model] = (j.running, j.waiting + w.waiting, j.batch_size)
+        return out
 
     def close(self) -> None:
         for w in self._by_weights.values():
