@@ -174,3 +174,23 @@ def test_a_models_toml_draft_is_used_unasked_and_draft_none_turns_it_off(paths, 
     off = json.loads(CliRunner().invoke(main, [*args, "--draft", "none"]).stdout)
     assert on["metrics"]["draft_tokens"] > 0 and off["metrics"]["draft_tokens"] == 0
     assert on["items"][0]["result"]["text"] == off["items"][0]["result"]["text"]
+
+
+def test_summarize_and_chat_take_a_draft(paths):
+    from taskrun.runner.cli import main
+    from taskrun.runner.runlog.store import RunLog
+
+    text = "The council met on Monday. It voted to repair Elm Street in May for 40,000 euros."
+    args = ["summarize", text, "-m", paths["target"], "--max-tokens", "20", "--json"]
+    alone, spec = (CliRunner().invoke(main, a) for a in (args, [*args, "--draft", paths["draft"]]))
+    assert alone.exit_code == 0 and spec.exit_code == 0, spec.output
+    a, b = json.loads(alone.stdout), json.loads(spec.stdout)
+    assert b["items"][0]["result"]["text"] == a["items"][0]["result"]["text"]
+    assert b["metrics"]["draft_tokens"] > 0 and a["metrics"]["draft_tokens"] == 0
+    assert b["metrics"]["stages"][0]["draft_tokens"] == b["metrics"]["draft_tokens"]
+    chat = ["chat", "-m", paths["target"], "--max-tokens", "12", "--draft", paths["draft"], "--draft-tokens", "3"]
+    r = CliRunner().invoke(main, chat, input="Hi there\nWhat did I say?\n")
+    assert r.exit_code == 0, r.output
+    turns = RunLog().recent(10, task="generate")
+    assert len(turns) == 2 and all(t["metrics"]["draft_tokens"] > 0 for t in turns)
+    assert all(t["options"]["draft_tokens"] == 3 for t in turns)
