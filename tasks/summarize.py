@@ -42,6 +42,16 @@ class Options:
         "input beyond it is summarised in chunks (map-reduce).",
     )
     stream: bool = option(True, "--stream", help="Print the final summary as it is generated.")
+    draft: str = option(
+        "",
+        "--draft",
+        metavar="MODEL",
+        help="A small model of the same tokenizer that proposes tokens for this one to verify "
+        "(speculative decoding, llama.cpp). Default: the model's `draft` in models.toml; `none`: off.",
+    )
+    draft_tokens: int = option(
+        0, "--draft-tokens", help="Tokens the draft proposes per step (0 = adaptive: more while they are accepted)."
+    )
 
     def __post_init__(self):
         require(self.max_tokens >= 0, f"--max-tokens must be at least 1, or 0 for --length's (got {self.max_tokens})")
@@ -51,6 +61,7 @@ class Options:
             self.context == 0 or self.context >= 128,
             f"--context must be 0 (the whole window) or at least 128 tokens (got {self.context})",
         )
+        require(self.draft_tokens >= 0, f"--draft-tokens must be 0 (adaptive) or more (got {self.draft_tokens})")
 
     @property
     def answer_tokens(self) -> int:
@@ -87,11 +98,14 @@ class Metrics:
     ttft_s: float = metric("job start → first token of the FINAL summary (what a user waits for)")
     prefill_s: float = metric("forward passes over all stages' prompts")
     decode_tokens_per_s: float = metric("tokens after each stage's first ÷ their decode time, all stages")
+    draft_tokens: int = metric("tokens a draft model proposed, all stages (--draft, speculative decoding)", 0)
+    accepted_draft_tokens: int = metric("of draft_tokens, those the model accepted", 0)
+    draft_acceptance: float = metric("accepted_draft_tokens ÷ draft_tokens (0 without a draft)", 0.0)
     finish_reason: str = metric("why the final summary ended: stop, length or stop_sequence", "")
     chunks: int = metric("chunks the input was split into (1: it fitted)", 0)
     stages: list = metric(
         "per stage: kind (map1, map2, final), chunk, input/output tokens, "
-        "cached_prompt_tokens, prefill_s, decode_s, decode_steps, finish_reason",
+        "cached_prompt_tokens, prefill_s, decode_s, decode_steps, draft_tokens, accepted_draft_tokens, finish_reason",
         None,
     )
 

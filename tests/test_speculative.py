@@ -116,13 +116,23 @@ def test_sampled_output_keeps_the_targets_distribution(pair):
     for i in (1, 2):
         exp = marg[i] * n
         keep = exp >= 5
-        obs = np.append(seen[i][keep], seen[i][~keep].sum())
-        want = np.append(exp[keep], exp[~keep].sum())
+        merge = exp[~keep].sum() >= 5  # the rare tokens: a bin of their own, or into the first
+        obs, want = _bins(seen[i], keep, merge), _bins(exp, keep, merge)
         want *= obs.sum() / want.sum()
         assert chisquare(obs, want).pvalue > 1e-3, (i, obs, want)
-        wrong = np.append((draft_marg[i] * n)[keep], (draft_marg[i] * n)[~keep].sum())
+        wrong = _bins(draft_marg[i] * n, keep, merge)
         wrong *= obs.sum() / wrong.sum()
         assert chisquare(wrong, want).pvalue < 1e-6  # the draft alone would be caught
+
+
+def _bins(counts, keep, merge: bool):
+    """The counts of the ``keep`` tokens, the rest together as one more bin (``merge``) or added to
+    the first: the same bins for observed, expected and the draft's counts."""
+    out, rest = counts[keep].astype(float), float(counts[~keep].sum())
+    if merge:
+        return np.append(out, rest)
+    out[0] += rest
+    return out
 
 
 def test_a_draft_with_another_vocabulary_is_refused(pair, paths):
@@ -140,7 +150,7 @@ def test_cli_draft_metrics_and_refusals(paths, tmp_path):
     spec = CliRunner().invoke(main, [*args, "--draft", paths["draft"]])
     assert alone.exit_code == 0 and spec.exit_code == 0, spec.output
     a, b = json.loads(alone.stdout), json.loads(spec.stdout)
-    assert b["results"][0]["text"] == a["results"][0]["text"]
+    assert b["items"][0]["result"]["text"] == a["items"][0]["result"]["text"]
     m = b["metrics"]
     assert m["draft_tokens"] > 0 and m["draft_acceptance"] == pytest.approx(
         m["accepted_draft_tokens"] / m["draft_tokens"], abs=1e-5
@@ -163,4 +173,47 @@ def test_a_models_toml_draft_is_used_unasked_and_draft_none_turns_it_off(paths, 
     on = json.loads(CliRunner().invoke(main, args).stdout)
     off = json.loads(CliRunner().invoke(main, [*args, "--draft", "none"]).stdout)
     assert on["metrics"]["draft_tokens"] > 0 and off["metrics"]["draft_tokens"] == 0
-    assert on["results"][0]["text"] == off["results"][0]["text"]
+    assert on["items"][0]["result"]["text"] == off["items"][0]["result"]["text"]
+
+
+def test_summarize_and_chat_take_a_draft(paths):
+    from taskrun.runner.cli import main
+    from taskrun.runner.runlog.store import RunLog
+
+    text = "The council met on Monday. It voted to repair Elm Street in May for 40,000 euros."
+    args = ["summarize", text, "-m", paths["target"], "--max-tokens", "20", "--json"]
+    alone, spec = (CliRunner().invoke(main, a) for a in (args, [*args, "--draft", paths["draft"]]))
+    assert alone.exit_code == 0 and spec.exit_code == 0, spec.output
+    a, b = json.loads(alone.stdout), json.loads(spec.stdout)
+    assert b["items"][0]["result"]["text"] == a["items"][0]["result"]["text"]
+    assert b["metrics"]["draft_tokens"] > 0 and a["metrics"]["draft_tokens"] == 0
+    assert b["metrics"]["stages"][0]["draft_tokens"] == b["metrics"]["draft_tokens"]
+    chat = ["chat", "-m", paths["target"], "--max-tokens", "12", "--draft", paths["draft"], "--draft-tokens", "3"]
+    r = CliRunner().invoke(main, chat, input="Hi there\nWhat did I say?\n")
+    assert r.exit_code == 0, r.output
+    turns = RunLog().recent(10, task="generate")
+    assert len(turns) == 2 and all(t["metrics"]["draft_tokens"] > 0 for t in turns)
+    assert all(t["options"]["draft_tokens"] == 3 for t in turns)
+
+
+@pytest.mark.real
+def test_real_qwen_draft():
+    """Qwen2.5-Coder-0.5B drafting for the 1.5B (for itself where the 1.5B is not in models.toml):
+    the draft proposes, most proposals are kept, and the answer's first tokens are the model's
+    alone. Not the whole answer: llama.cpp's repacked kernels round a batch unlike one token, so a
+    near tie can flip (docs/language-models.md, speculative decoding)."""
+    from taskrun.models.resolve import aliases
+    from taskrun.runner.cli import main
+
+    names = aliases()
+    if "qwen2.5-coder-0.5b" not in names:
+        pytest.skip("qwen2.5-coder-0.5b is not in configs/models.toml yet (issue 32, the default model's entry)")
+    model = "qwen2.5-coder-1.5b" if "qwen2.5-coder-1.5b" in names else "qwen2.5-coder-0.5b"
+    args = ["generate", "Write a Python function is_prime(n).", "-m", model, "--max-tokens", "24", "--json"]
+    alone = CliRunner().invoke(main, [*args, "--draft", "none"])
+    spec = CliRunner().invoke(main, [*args, "--draft", "qwen2.5-coder-0.5b"])
+    assert alone.exit_code == 0 and spec.exit_code == 0, spec.output
+    a, b = (json.loads(r.stdout)["items"][0]["result"]["text"] for r in (alone, spec))
+    m = json.loads(spec.stdout)["metrics"]
+    assert m["draft_tokens"] > 0 and m["draft_acceptance"] > 0.5, m
+    assert a[:40] == b[:40], (a, b)

@@ -30,7 +30,6 @@ import numpy as np
 
 from taskrun.models.gguf import gguf_file, gguf_metadata
 from taskrun.pipelines import cached_model
-from taskrun.pipelines.llm.llamacpp import LlamaCppEngine
 from taskrun.pipelines.llm.llamacpp_native import Native, file_type, library
 from taskrun.pipelines.llm.sampling import Sampling, sample
 from taskrun.tasks.base import ModelCard, TaskError
@@ -54,7 +53,7 @@ def load_draft(name: str, target, explicit: bool, grammar: bool = False):
         if explicit:
             raise TaskError("--draft cannot be combined with --json-schema yet; drop one (--draft none)")
         return None
-    if not isinstance(target, LlamaCppEngine):
+    if getattr(target, "runtime", "") != "llama.cpp":
         if explicit:
             raise TaskError(f"--draft runs on the llama.cpp runtime; this model runs on {target.runtime}")
         return None
@@ -66,9 +65,9 @@ def load_draft(name: str, target, explicit: bool, grammar: bool = False):
         raise TaskError(f"--draft {name} is not a GGUF file; the draft runs on llama.cpp: give a GGUF model")
     meta = gguf_metadata(path)
 
-    def build() -> LlamaCppEngine:
+    def build():
         lib = library()
-        engine = LlamaCppEngine(lib, Native(lib, path), meta, card.digest)
+        engine = type(target)(lib, Native(lib, path), meta, card.digest)  # LlamaCppEngine (not imported: a cycle)
         engine._copy_wanted = False  # the draft reads prompts on its own weights: no float16 copy
         return engine
 
@@ -95,7 +94,7 @@ def check_vocab(target, draft, name: str) -> None:
         )
 
 
-def eval_all(engine: LlamaCppEngine, tokens: list[int]) -> np.ndarray:
+def eval_all(engine, tokens: list[int]) -> np.ndarray:
     """Append ``tokens`` to ``engine``'s sequence in one llama_decode; the logits after each, one row
     per token (float32, copied)."""
     lib, native, n = engine.lib, engine.native, len(tokens)

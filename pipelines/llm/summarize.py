@@ -51,6 +51,8 @@ class SummarizePipeline(LLMPipeline):
             top_p=options.top_p,
             seed=options.seed,
             repeat_penalty=options.repeat_penalty,
+            draft=self._draft(options.draft),
+            draft_tokens=options.draft_tokens,
         )
         stages: list[dict] = []
         done: list[tuple[Summary, Decoded]] = []
@@ -65,6 +67,7 @@ class SummarizePipeline(LLMPipeline):
         n_dec = sum(st["decode_steps"] for st in stages)
         t_dec = sum(st["decode_s"] for st in stages)
         yield from self.engine_notes()
+        drafted, accepted = sum(st["draft_tokens"] for st in stages), sum(st["accepted_draft_tokens"] for st in stages)
         yield ev.Done(
             Metrics(
                 input_tokens=sum(st["input_tokens"] for st in stages),
@@ -73,11 +76,20 @@ class SummarizePipeline(LLMPipeline):
                 ttft_s=(last.first_token_at or 0.0) if last else 0.0,
                 prefill_s=sum(st["prefill_s"] for st in stages),
                 decode_tokens_per_s=n_dec / t_dec if t_dec > 0 else 0.0,
+                draft_tokens=drafted,
+                accepted_draft_tokens=accepted,
+                draft_acceptance=accepted / drafted if drafted else 0.0,
                 finish_reason=last.finish_reason if last else "",
                 chunks=sum(res.chunks for res, _ in done),
                 stages=stages,
             )
         )
+
+    def _draft(self, asked: str):
+        """The draft engine for speculative decoding (--draft, or the model's default), or None."""
+        from taskrun.pipelines.llm.speculative import draft_name, load_draft
+
+        return load_draft(draft_name(self.card, asked), self.engine, bool(asked))
 
     def _budget(self, options) -> int:
         """Text tokens one pass can read: the window less the answer and the instruction. Too few
@@ -155,6 +167,8 @@ def _stage(kind: str, chunk: int, input_tokens: int, out: Decoded) -> dict:
         "prefill_s": round(out.prefill_s, 4),
         "decode_s": round(out.decode_s, 4),
         "decode_steps": out.decode_steps,
+        "draft_tokens": out.draft_tokens,
+        "accepted_draft_tokens": out.accepted_draft_tokens,
         "finish_reason": out.finish_reason,
     }
 

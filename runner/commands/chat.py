@@ -191,6 +191,14 @@ def lines(interactive: bool):
     help="Above 1, makes tokens the answer already holds less likely.",
 )
 @click.option("--stop", multiple=True, metavar="TEXT", help="Stop an answer at this text. Repeatable.")
+@click.option(
+    "--draft",
+    default="",
+    metavar="MODEL",
+    help="A small model of the same tokenizer proposing tokens to verify (speculative decoding, "
+    "llama.cpp). Default: the model's `draft` in models.toml; `none`: off.",
+)
+@click.option("--draft-tokens", default=0, show_default=True, type=int, help="Tokens per draft step (0 = adaptive).")
 @click.option("--offline", is_flag=True, help="Never reach the network for models.")
 @click.option(
     "--log-db",
