@@ -84,7 +84,7 @@ def _shape(card: ModelCard) -> dict:
 def _llamacpp_fit(card: ModelCard, context: int, batch: int) -> dict:
     """llama.cpp's memory: the GGUF read into memory, a float16 KV cache and compute buffers for
     the cache llama.cpp makes (rounded up), and the float16 prompt copy where one is used."""
-    from taskrun.pipelines.llm.llamacpp_native import copy_bytes, file_type, wants_prompt_copy
+    from taskrun.models.gguf import copy_bytes, file_type, wants_prompt_copy
 
     shape = _shape(card)
     path = gguf_path(card)

@@ -140,3 +140,41 @@ def _read_metadata(path: Path, tensors: bool = False) -> dict:
     except (OSError, EOFError, ValueError, struct.error) as exc:
         raise TaskError(f"{path} is not a readable GGUF file ({exc or 'truncated'}); re-download it") from None
     return out
+
+
+# The llama.cpp engine's float16 prompt copy, sized here so `run fit` counts it without loading it.
+COPY_MAX_BYTES = 256 << 20  # a prompt copy only for GGUFs up to this size (~0.5B parameters at 4 bits)
+WIDE_FORMATS = {"f32", "f16", "bf16", "q8_0", "q6_k"}  # formats a prompt copy would not help
+
+
+def file_type(meta: dict) -> str:
+    """The GGUF's weight format as the run log records it: "q4_1", "q8_0", "f16", ..."""
+    code = meta.get("general.file_type")
+    if code is None:
+        return "gguf"
+    from gguf import LlamaFileType
+
+    try:
+        name = LlamaFileType(int(code)).name
+    except ValueError:
+        return f"gguf-type-{code}"
+    return name.removeprefix("MOSTLY_").removeprefix("ALL_").lower()
+
+
+def wants_prompt_copy(path: Path, dtype: str) -> bool:
+    """A small GGUF in a 4/5-bit format reads prompts from a float16 copy (TASKRUN_PROMPT_COPY=0: never)."""
+    if os.environ.get("TASKRUN_PROMPT_COPY", "1") == "0" or dtype in WIDE_FORMATS or dtype.startswith("gguf"):
+        return False
+    return path.stat().st_size <= COPY_MAX_BYTES
+
+
+def copy_bytes(path: Path) -> int:
+    """The float16 copy's size, over-estimated a little: two bytes a parameter (from the GGUF's
+    tensor table) plus 1%, plus room for the header (vocabulary, template: at most the file's size,
+    counted as 8 MB at most); four times the file where the table cannot be read."""
+    try:
+        params = int(gguf_metadata(path, tensors=True).get("taskrun.parameters") or 0)
+    except TaskError:
+        params = 0
+    size = path.stat().st_size
+    return int(params * 2 * 1.01) + min(size, 8 << 20) if params else 4 * size

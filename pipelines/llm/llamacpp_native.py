@@ -24,6 +24,7 @@ import sys
 from collections import deque
 from pathlib import Path
 
+from taskrun.models.gguf import COPY_MAX_BYTES, copy_bytes, file_type, wants_prompt_copy  # noqa: F401 (their old home)
 from taskrun.tasks.base import TaskError
 
 PIP = "llama-cpp-python==0.3.36"
@@ -32,9 +33,7 @@ INSTALL = (
     f'-DGGML_F16C=ON" pip install {PIP}'
 )
 BATCH = 512  # prompt tokens per llama_decode call (and the largest ubatch llama.cpp plans for)
-COPY_MAX_BYTES = 256 << 20  # a prompt copy only for GGUFs up to this size (~0.5B parameters at 4 bits)
 F16 = 1  # llama_ftype MOSTLY_F16
-_WIDE = {"f32", "f16", "bf16", "q8_0", "q6_k"}  # formats a prompt copy would not help
 
 _LOG: deque[str] = deque(maxlen=40)  # llama.cpp's recent log lines, to explain a failure
 _STATE: dict = {}  # the imported library and the log callback (which must outlive every call)
@@ -65,20 +64,6 @@ def library():
 def log_tail(errors_only: bool = False) -> str:
     lines = [x.strip() for x in _LOG if not errors_only or "error" in x.lower() or "fail" in x.lower()]
     return " ".join(lines)[-300:]
-
-
-def file_type(meta: dict) -> str:
-    """The GGUF's weight format as the run log records it: "q4_1", "q8_0", "f16", ..."""
-    code = meta.get("general.file_type")
-    if code is None:
-        return "gguf"
-    from gguf import LlamaFileType
-
-    try:
-        name = LlamaFileType(int(code)).name
-    except ValueError:
-        return f"gguf-type-{code}"
-    return name.removeprefix("MOSTLY_").removeprefix("ALL_").lower()
 
 
 def decode_threads() -> int:
@@ -284,13 +269,6 @@ class Native:
             self.model = None
 
 
-def wants_prompt_copy(path: Path, dtype: str) -> bool:
-    """A small GGUF in a 4/5-bit format reads prompts from a float16 copy (TASKRUN_PROMPT_COPY=0: never)."""
-    if os.environ.get("TASKRUN_PROMPT_COPY", "1") == "0" or dtype in _WIDE or dtype.startswith("gguf"):
-        return False
-    return path.stat().st_size <= COPY_MAX_BYTES
-
-
 def prompt_copy(lib, path: Path, digest: str) -> Path | None:
     """The float16 copy of ``path`` in the cache, made now if missing; CopyRefused (an OSError)
     saying why where it cannot be (too little room on the cache disk, llama.cpp failed)."""
@@ -333,17 +311,3 @@ def prompt_copy(lib, path: Path, digest: str) -> Path | None:
 
 class CopyRefused(OSError):
     """No float16 prompt copy could be made; the message says why and what it changes (a job note)."""
-
-
-def copy_bytes(path: Path) -> int:
-    """The float16 copy's size, over-estimated a little: two bytes a parameter (from the GGUF's
-    tensor table) plus 1%, plus room for the header (vocabulary, template: at most the file's size,
-    counted as 8 MB at most); four times the file where the table cannot be read."""
-    from taskrun.models.gguf import gguf_metadata
-
-    try:
-        params = int(gguf_metadata(path, tensors=True).get("taskrun.parameters") or 0)
-    except TaskError:
-        params = 0
-    size = path.stat().st_size
-    return int(params * 2 * 1.01) + min(size, 8 << 20) if params else 4 * size
