@@ -29,7 +29,7 @@ log = logging.getLogger("taskrun.serve")
 
 
 def create_app(settings: Settings) -> FastAPI:
-    from taskrun.runner.serve import routes_native, routes_ollama, routes_openai
+    from taskrun.runner.serve import routes_native, routes_ollama, routes_openai, routes_responses
     from taskrun.runner.serve.batching import EmbedBatcher
 
     service = Service(settings)
@@ -51,6 +51,7 @@ def create_app(settings: Settings) -> FastAPI:
     _install_error_handlers(app)
     _install_ops(app, service)
     routes_openai.register(app, service)
+    routes_responses.register(app, service)
     routes_ollama.register(app, service)
     routes_native.register(app, service)
     app.add_middleware(Guard, api_key=settings.api_key, max_body=settings.max_body_bytes)
