@@ -78,6 +78,6 @@ async def _lines(chat: bool, model: str, running, events, t0: float):
     try:
         rec = await running.result()
     except APIError as exc:
-        yield {**exc.body(), "run_id": getattr(exc, "run_id", None)}
+        yield {"error": exc.message, "run_id": getattr(exc, "run_id", None)}  # Ollama's shape
         return
     yield ol.final_line(chat, model, rec, time.perf_counter() - t0)

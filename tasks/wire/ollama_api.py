@@ -4,7 +4,9 @@ Shapes as the official ``ollama`` Python client sends and parses them: ``options
 sampling settings (temperature, top_p, top_k, seed, num_predict, stop, repeat_penalty; any
 other is a 400 naming it), ``format`` is "json" or a JSON Schema, durations are nanoseconds.
 ``keep_alive`` is accepted and has no effect: models stay loaded until the memory budget needs
-the room. Errors keep OpenAI's ``{"error": {...}}`` shape; the ollama client shows its message.
+the room. Errors on /api/* are answered in Ollama's ``{"error": "..."}`` shape (runner/serve/app.py).
+Neutral values (null, ``[]``, ``{}``) are accepted as absent, as Ollama does; ``name:latest`` is
+``name``.
 """
 
 from __future__ import annotations
@@ -33,12 +35,23 @@ UNLIMITED = 1_000_000  # num_predict -1: until the answer ends or the window is 
 NS = 1_000_000_000
 
 
+def ollama_model(body: dict) -> str | None:
+    """The model named, with Ollama's default tag ``:latest`` taken off (taskrun's names have none)."""
+    name = model_of(body)
+    return name.removesuffix(":latest") if name else name
+
+
+def neutral(body: dict) -> dict:
+    """The body without the fields set to a value that means "absent" (null, [], {})."""
+    return {k: v for k, v in body.items() if v is not None and v != [] and v != {}}
+
+
 def sampling(body: dict) -> dict:
     opts = body.get("options") or {}
     if not isinstance(opts, dict):
         raise invalid("options", "'options' must be an object")
     out: dict[str, Any] = {}
-    for key, value in opts.items():
+    for key, value in neutral(opts).items():
         if key not in OPTIONS:
             raise unsupported(f"options.{key}", f"taskrun reads {', '.join(OPTIONS)}")
         if value is not None:
@@ -77,6 +90,7 @@ def _no_thinking(body: dict) -> None:
 
 def generate_spec(body: dict, uploads: Uploads) -> JobSpec:
     """/api/generate: a prompt, with the chat template unless ``raw``."""
+    body = neutral(body)
     check_fields(body, NEUTRAL_GEN | {"prompt", "system", "raw", "images", "suffix", "template", "context"})
     _no_thinking(body)
     for key in ("images", "context"):
@@ -95,11 +109,14 @@ def generate_spec(body: dict, uploads: Uploads) -> JobSpec:
         options["system"] = system
     if typed(body, "raw", bool, "true or false"):
         options["raw"] = True
-    return JobSpec("generate", [text_of(body.get("prompt"), "prompt")], options, model=model_of(body))
+    return JobSpec("generate", [text_of(body.get("prompt"), "prompt")], options, model=ollama_model(body))
 
 
 def chat_spec(body: dict, uploads: Uploads) -> JobSpec:
     """/api/chat: messages → system, history and the last user message."""
+    body = neutral(body)
+    if isinstance(body.get("messages"), list):
+        body["messages"] = [neutral(m) if isinstance(m, dict) else m for m in body["messages"]]
     check_fields(body, NEUTRAL_GEN | {"messages", "tools"})
     _no_thinking(body)
     if body.get("tools"):
@@ -110,10 +127,15 @@ def chat_spec(body: dict, uploads: Uploads) -> JobSpec:
         options["system"] = system
     if history:
         options["history"] = history
-    return JobSpec("generate", [prompt], options, model=model_of(body))
+    return JobSpec("generate", [prompt], options, model=ollama_model(body))
 
 
 def embed_spec(body: dict) -> JobSpec:
+    body = neutral(body)
+    if "prompt" in body and "input" not in body:  # the legacy /api/embeddings: one text as prompt
+        body["input"] = body.pop("prompt")
+    if isinstance(body.get("options"), dict):
+        body["options"] = neutral(body["options"])
     check_fields(body, {"model", "input", "truncate", "options", "keep_alive", "dimensions"})
     if body.get("options"):
         raise unsupported("options", "embeddings take no options here")
@@ -124,7 +146,7 @@ def embed_spec(body: dict) -> JobSpec:
     if not texts:
         raise invalid("input", "'input' must be a text or a list of texts")
     inputs = [text_of(t, "input" if len(texts) == 1 else f"input[{i}]") for i, t in enumerate(texts)]
-    return JobSpec("embed", inputs, {}, model=model_of(body))
+    return JobSpec("embed", inputs, {}, model=ollama_model(body))
 
 
 # --------------------------------------------------------------------------- answers

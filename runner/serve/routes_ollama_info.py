@@ -1,0 +1,55 @@
+"""Ollama's surface beyond generation: ``GET /`` and ``HEAD /`` ("Ollama is running"),
+/api/version, /api/show, /api/ps, the legacy /api/embeddings, and /api/pull and /api/delete
+refused with a clear Ollama-shaped error (tasks/wire/ollama_info.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from fastapi import FastAPI
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
+
+from taskrun.runner.serve.httpio import answer, json_body
+from taskrun.runner.serve.routes_openai import embed
+from taskrun.tasks.wire import ollama_api as ol
+from taskrun.tasks.wire import ollama_info as info
+
+
+def register(app: FastAPI, service) -> None:
+    @app.api_route("/", methods=["GET", "HEAD"])
+    async def root():
+        return PlainTextResponse("Ollama is running")
+
+    @app.get("/api/version")
+    async def version():
+        return {"version": info.OLLAMA_API_VERSION}
+
+    @app.post("/api/show")
+    async def show(request: Request):
+        body = await json_body(request)
+        return info.show_body(info.find(await asyncio.to_thread(service.catalogue.rows), body))
+
+    @app.get("/api/ps")
+    async def ps():
+        rows = await asyncio.to_thread(service.catalogue.rows)
+        return info.ps_body(rows, set(service.workers.by_model))
+
+    @app.post("/api/embeddings")
+    async def embeddings(request: Request):
+        """The legacy endpoint: ``prompt`` → one ``embedding``."""
+        t0 = time.perf_counter()
+        body = await json_body(request)
+        spec = ol.embed_spec(body)
+        rec, run_id = await embed(service, spec, request)
+        vectors = ol.embed_body(spec.model, rec, time.perf_counter() - t0)["embeddings"]
+        return answer({"embedding": vectors[0] if vectors else []}, run_id)
+
+    @app.post("/api/pull")
+    async def pull(request: Request):
+        raise info.pull_refused(await json_body(request), await asyncio.to_thread(service.catalogue.rows))
+
+    @app.delete("/api/delete")
+    async def delete(request: Request):
+        raise info.delete_refused(await json_body(request))

@@ -1,0 +1,78 @@
+"""Ollama's surface beyond generation, driven by the real `ollama` client (and the bodies litellm
+and LangChain send) against `run serve` (tests/serve_helpers.py): GET /, version, show, ps,
+:latest, the legacy /api/embeddings, pull/delete refused, errors in Ollama's shape, neutral
+values accepted."""
+
+from __future__ import annotations
+
+import httpx
+import ollama
+import pytest
+
+pytest_plugins = ["tests.serve_helpers"]
+
+
+@pytest.fixture
+def url(servers):
+    return servers[0].url
+
+
+@pytest.fixture
+def client(url):
+    return ollama.Client(host=url, timeout=60)
+
+
+def test_the_root_says_ollama_is_running(url):
+    r = httpx.get(url + "/")
+    assert r.status_code == 200 and r.text == "Ollama is running"
+    assert httpx.head(url + "/").status_code == 200
+
+
+def test_version_show_and_ps(client):
+    assert httpx.get(str(client._client.base_url) + "/api/version").json()["version"]  # ollama 0.6.3 has no .version()
+    shown = client.show("tiny-llama:latest")
+    assert "completion" in shown.capabilities and shown.details.family
+    client.generate(model="tiny-llama:latest", prompt="hi", options={"num_predict": 2})
+    assert "tiny-llama" in [m.model for m in client.ps().models]
+    with pytest.raises(ollama.ResponseError) as err:
+        client.show("no-such-model")
+    assert err.value.status_code == 404 and err.value.error == "model 'no-such-model' not found"
+
+
+def test_errors_come_in_ollamas_shape(url):
+    r = httpx.post(url + "/api/chat", json={"model": "tiny-llama", "messages": [], "stream": False})
+    assert r.status_code == 400 and isinstance(r.json()["error"], str)
+    r = httpx.post(url + "/api/pull", json={"model": "llama3"})
+    assert r.status_code == 400 and "does not download" in r.json()["error"]
+    r = httpx.request("DELETE", url + "/api/delete", json={"model": "tiny-llama"})
+    assert r.status_code == 400 and "does not delete" in r.json()["error"]
+    # the OpenAI side keeps OpenAI's shape
+    r = httpx.post(url + "/v1/chat/completions", json={"model": "tiny-llama", "messages": []})
+    assert isinstance(r.json()["error"], dict)
+
+
+def test_neutral_values_are_accepted_as_litellm_and_langchain_send_them(url):
+    # litellm ollama_chat/ sends "images": [] on every message
+    chat = {
+        "model": "tiny-llama",
+        "messages": [{"role": "user", "content": "hi", "images": []}],
+        "options": {"num_predict": 2, "mirostat": None},
+        "stream": False,
+    }
+    r = httpx.post(url + "/api/chat", json=chat, timeout=60)
+    assert r.status_code == 200, r.text
+    # LangChain's OllamaEmbeddings sends every option, unset ones as null
+    body = {"model": "tiny-bert", "input": ["a note"], "options": {"mirostat": None, "num_ctx": None}}
+    r = httpx.post(url + "/api/embed", json=body, timeout=60)
+    assert r.status_code == 200 and len(r.json()["embeddings"]) == 1
+    # an option with an effect taskrun lacks is still refused by name
+    body["options"] = {"mirostat": 2}
+    r = httpx.post(url + "/api/embed", json=body, timeout=60)
+    assert r.status_code == 400 and "options" in r.json()["error"]
+
+
+def test_the_legacy_embeddings_endpoint(client, url):
+    r = httpx.post(url + "/api/embeddings", json={"model": "tiny-bert:latest", "prompt": "a note"}, timeout=60)
+    assert r.status_code == 200
+    vector = r.json()["embedding"]
+    assert vector == client.embed(model="tiny-bert", input="a note").embeddings[0]
