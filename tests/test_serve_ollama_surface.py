@@ -76,3 +76,53 @@ def test_the_legacy_embeddings_endpoint(client, url):
     assert r.status_code == 200
     vector = r.json()["embedding"]
     assert vector == client.embed(model="tiny-bert", input="a note").embeddings[0]
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "weather",
+        "description": "The forecast.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+def test_chat_tools_answer_in_ollamas_tool_calls_shape(tmp_path):
+    from types import SimpleNamespace
+
+    from taskrun.tasks.wire import ollama_api as ol
+    from taskrun.tasks.wire.jobspec import Uploads
+
+    history = [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "weather", "arguments": {}}}]},
+        {"role": "tool", "content": "sunny", "tool_name": "weather"},
+    ]
+    with Uploads() as uploads:
+        spec = ol.chat_spec({"model": "m", "messages": history, "tools": [WEATHER_TOOL]}, uploads)
+    assert "<tools>" in spec.options["system"] and spec.inputs[0].text == "<tool_response>\nsunny\n</tool_response>"
+    asked = ol.chat_tools({"tools": [WEATHER_TOOL]})
+    said = SimpleNamespace(
+        text='<tool_call>{"name": "weather", "arguments": {"city": "Oslo"}}</tool_call>',
+        json=None,
+        finish_reason="stop",
+    )
+    rec = SimpleNamespace(results=[said], metrics=None, load_s=0.0, wall_s=0.0, id="r")
+    line = ol.final_line(True, "m", rec, 0.0, asked=asked)
+    assert line["message"]["tool_calls"] == [{"function": {"name": "weather", "arguments": {"city": "Oslo"}}}]
+    assert line["message"]["content"] == ""
+
+
+def test_the_ollama_client_sends_tools_and_gets_an_answer(client):
+    # a random model chooses no tool by itself: the answer comes whole in the last line
+    parts = list(
+        client.chat(
+            model="slow-llama",
+            messages=[{"role": "user", "content": "Weather in Oslo?"}],
+            tools=[WEATHER_TOOL],
+            options={"num_predict": 4},
+            stream=True,
+        )
+    )
+    assert len(parts) == 1 and parts[0].done and parts[0].message.content is not None

@@ -56,28 +56,29 @@ async def _text(service, request: Request, chat: bool):
     running, streaming = None, False
     try:
         spec = ol.chat_spec(body, uploads) if chat else ol.generate_spec(body, uploads)
+        asked = ol.chat_tools(body) if chat else None
         streamed = body.get("stream", True) is not False
         running = await service.start(spec, request, stream=streamed)
         if not streamed:
             rec = await running.result()
             text = rec.results[0].text if rec.results else ""
-            return answer(ol.final_line(chat, spec.model, rec, time.perf_counter() - t0, text), rec.id)
+            return answer(ol.final_line(chat, spec.model, rec, time.perf_counter() - t0, text, asked), rec.id)
         events = await opened(running)
         streaming = True
     finally:
         if not streaming:
             release(uploads, running)
 
-    return ndjson(_lines(chat, spec.model, running, events, t0), on_close(running, uploads))
+    return ndjson(_lines(chat, spec.model, running, events, t0, asked), on_close(running, uploads))
 
 
-async def _lines(chat: bool, model: str, running, events, t0: float):
+async def _lines(chat: bool, model: str, running, events, t0: float, asked=None):
     async for event in events:
-        if isinstance(event, ev.Token):
+        if isinstance(event, ev.Token) and asked is None:  # with tools, the answer comes whole at the end
             yield ol.text_line(chat, model, event.text)
     try:
         rec = await running.result()
     except APIError as exc:
         yield {"error": exc.message, "run_id": getattr(exc, "run_id", None)}  # Ollama's shape
         return
-    yield ol.final_line(chat, model, rec, time.perf_counter() - t0)
+    yield ol.final_line(chat, model, rec, time.perf_counter() - t0, asked=asked)

@@ -15,6 +15,7 @@ import json
 from datetime import datetime, timezone
 from typing import Any
 
+from taskrun.tasks.wire import tools as tool_calls
 from taskrun.tasks.wire.errors import invalid, unsupported
 from taskrun.tasks.wire.fields import check_fields, model_of, text_of, typed
 from taskrun.tasks.wire.jobspec import JobSpec, Uploads
@@ -119,15 +120,31 @@ def chat_spec(body: dict, uploads: Uploads) -> JobSpec:
         body["messages"] = [neutral(m) if isinstance(m, dict) else m for m in body["messages"]]
     check_fields(body, NEUTRAL_GEN | {"messages", "tools"})
     _no_thinking(body)
-    if body.get("tools"):
-        raise unsupported("tools", "taskrun does not call tools")
-    system, history, prompt = chat_messages(body.get("messages"))
+    asked = chat_tools(body)
+    system, history, prompt = chat_messages(tool_calls.plain_messages(body.get("messages")))
     options = {**sampling(body), **format_options(body, uploads), "stream": True}
+    if asked is not None:
+        system = asked.system(system)
     if system:
         options["system"] = system
     if history:
         options["history"] = history
     return JobSpec("generate", [prompt], options, model=ollama_model(body))
+
+
+def chat_tools(body: dict) -> tool_calls.ToolRequest | None:
+    """/api/chat's ``tools`` (OpenAI's function shape; Ollama has no tool_choice: the model chooses)."""
+    tools = body.get("tools")
+    return tool_calls.tool_request({"tools": tools}) if tools else None
+
+
+def ollama_calls(asked: tool_calls.ToolRequest, result) -> tuple[str, list[dict]]:
+    """(the text left, the calls in Ollama's shape: arguments as an object, no ids)."""
+    content, calls = asked.calls(result)
+    return content or "", [
+        {"function": {"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])}}
+        for c in calls
+    ]
 
 
 def embed_spec(body: dict) -> JobSpec:
@@ -184,11 +201,17 @@ def text_line(chat: bool, model: str, piece: str) -> dict:
     return {"model": model, "created_at": now(), **content, "done": False}
 
 
-def final_line(chat: bool, model: str, rec, total_s: float, text: str = "") -> dict:
-    """The last object: done, why, the timings (and the whole answer when not streamed)."""
+def final_line(chat: bool, model: str, rec, total_s: float, text: str = "", asked=None) -> dict:
+    """The last object: done, why, the timings (and the whole answer when not streamed; with
+    tools asked for, the answer is held back to this line, its calls as ``tool_calls``)."""
     result = rec.results[0] if rec.results else None
     reason = finish_reason(result.finish_reason) if result is not None else "stop"
     line = text_line(chat, model, text)
+    if asked is not None and result is not None:
+        content, calls = ollama_calls(asked, result)
+        line["message"]["content"] = content
+        if calls:
+            line["message"]["tool_calls"] = calls
     return {**line, "done": True, "done_reason": reason, **durations(rec, total_s), "run_id": rec.id}
 
 
