@@ -126,3 +126,26 @@ def test_the_ollama_client_sends_tools_and_gets_an_answer(client):
         )
     )
     assert len(parts) == 1 and parts[0].done and parts[0].message.content is not None
+
+
+@pytest.mark.parametrize(
+    "value, seconds", [(None, None), (0, 0.0), ("0", 0.0), ("5m", 300.0), ("1h30m", 5400.0), ("-1", -1.0), (-1, -1.0)]
+)
+def test_keep_alive_reads_as_ollama_reads_it(value, seconds):
+    from taskrun.tasks.wire import ollama_api as ol
+
+    assert ol.keep_alive({"keep_alive": value}) == seconds
+
+
+@pytest.mark.parametrize("value", ["bogus", "5 minutes", True, [1]])
+def test_a_bad_keep_alive_is_a_400(url, value):
+    body = {"model": "tiny-llama", "prompt": "hi", "stream": False, "keep_alive": value}
+    r = httpx.post(url + "/api/generate", json=body, timeout=60)
+    assert r.status_code == 400 and "keep_alive" in r.json()["error"]
+
+
+def test_keep_alive_0_unloads_after_the_request(client):
+    client.generate(model="tiny-llama", prompt="hi", options={"num_predict": 2})
+    assert "tiny-llama" in [m.model for m in client.ps().models]
+    client.generate(model="tiny-llama", prompt="hi", options={"num_predict": 2}, keep_alive=0)
+    assert "tiny-llama" not in [m.model for m in client.ps().models]

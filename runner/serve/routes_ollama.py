@@ -46,7 +46,16 @@ def register(app: FastAPI, service) -> None:
                 "an input is longer than the model's context window; shorten it or leave truncate on",
                 param="input",
             )
+        await unload_if_asked(body, rec)
         return answer(ol.embed_body(spec.model, rec, time.perf_counter() - t0), run_id)
+
+
+async def unload_if_asked(body: dict, rec) -> None:
+    """Ollama's ``keep_alive: 0``: the model is unloaded once its request is done."""
+    if ol.keep_alive(body) == 0 and getattr(rec, "card", None) is not None:
+        from taskrun.pipelines import unload
+
+        await asyncio.to_thread(unload, rec.card.digest)
 
 
 async def _text(service, request: Request, chat: bool):
@@ -62,6 +71,7 @@ async def _text(service, request: Request, chat: bool):
         if not streamed:
             rec = await running.result()
             text = rec.results[0].text if rec.results else ""
+            await unload_if_asked(body, rec)
             return answer(ol.final_line(chat, spec.model, rec, time.perf_counter() - t0, text, asked), rec.id)
         events = await opened(running)
         streaming = True
@@ -69,10 +79,10 @@ async def _text(service, request: Request, chat: bool):
         if not streaming:
             release(uploads, running)
 
-    return ndjson(_lines(chat, spec.model, running, events, t0, asked), on_close(running, uploads))
+    return ndjson(_lines(chat, spec.model, running, events, t0, asked, body), on_close(running, uploads))
 
 
-async def _lines(chat: bool, model: str, running, events, t0: float, asked=None):
+async def _lines(chat: bool, model: str, running, events, t0: float, asked, body: dict):
     async for event in events:
         if isinstance(event, ev.Token) and asked is None:  # with tools, the answer comes whole at the end
             yield ol.text_line(chat, model, event.text)
@@ -81,4 +91,5 @@ async def _lines(chat: bool, model: str, running, events, t0: float, asked=None)
     except APIError as exc:
         yield {"error": exc.message, "run_id": getattr(exc, "run_id", None)}  # Ollama's shape
         return
+    await unload_if_asked(body, rec)
     yield ol.final_line(chat, model, rec, time.perf_counter() - t0, asked=asked)

@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 
 from taskrun.runner.serve.httpio import answer, json_body
+from taskrun.runner.serve.routes_ollama import unload_if_asked
 from taskrun.runner.serve.routes_openai import embed
 from taskrun.tasks.wire import ollama_api as ol
 from taskrun.tasks.wire import ollama_info as info
@@ -33,8 +34,10 @@ def register(app: FastAPI, service) -> None:
 
     @app.get("/api/ps")
     async def ps():
+        from taskrun.pipelines import cache_info
+
         rows = await asyncio.to_thread(service.catalogue.rows)
-        return info.ps_body(rows, set(service.workers.by_model))
+        return info.ps_body(rows, {e["digest"] for e in cache_info()})
 
     @app.post("/api/embeddings")
     async def embeddings(request: Request):
@@ -43,6 +46,7 @@ def register(app: FastAPI, service) -> None:
         body = await json_body(request)
         spec = ol.embed_spec(body)
         rec, run_id = await embed(service, spec, request)
+        await unload_if_asked(body, rec)
         vectors = ol.embed_body(spec.model, rec, time.perf_counter() - t0)["embeddings"]
         return answer({"embedding": vectors[0] if vectors else []}, run_id)
 

@@ -3,8 +3,8 @@
 Shapes as the official ``ollama`` Python client sends and parses them: ``options`` holds the
 sampling settings (temperature, top_p, top_k, seed, num_predict, stop, repeat_penalty; any
 other is a 400 naming it), ``format`` is "json" or a JSON Schema, durations are nanoseconds.
-``keep_alive`` is accepted and has no effect: models stay loaded until the memory budget needs
-the room. Errors on /api/* are answered in Ollama's ``{"error": "..."}`` shape (runner/serve/app.py).
+``keep_alive`` 0 unloads the model once the request is done; other values are checked and keep
+it loaded until the memory budget needs the room. Errors on /api/* are answered in Ollama's ``{"error": "..."}`` shape (runner/serve/app.py).
 Neutral values (null, ``[]``, ``{}``) are accepted as absent, as Ollama does; ``name:latest`` is
 ``name``.
 """
@@ -12,6 +12,7 @@ Neutral values (null, ``[]``, ``{}``) are accepted as absent, as Ollama does; ``
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timezone
 from typing import Any
 
@@ -34,6 +35,35 @@ OPTIONS = {
 }
 UNLIMITED = 1_000_000  # num_predict -1: until the answer ends or the window is full
 NS = 1_000_000_000
+
+
+_DURATION = re.compile(r"^-?(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+$")
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def keep_alive(body: dict) -> float | None:
+    """``keep_alive`` in seconds as Ollama reads it: a number of seconds or a Go duration ("5m",
+    "1h30m", "-1"); 0 unloads the model after the request, a negative value keeps it loaded
+    (taskrun keeps models loaded until the memory budget needs the room either way). None: absent."""
+    value = body.get("keep_alive")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise invalid("keep_alive", "'keep_alive' must be a number of seconds or a duration such as \"5m\"")
+    if isinstance(value, (int, float)):
+        return float(value)
+    text = value.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    if not _DURATION.match(text):
+        raise invalid(
+            "keep_alive", f'keep_alive {json.dumps(value)} is not a duration: give seconds or e.g. "5m", "1h", "-1"'
+        )
+    sign = -1.0 if text.startswith("-") else 1.0
+    total = sum(float(n) * _UNITS[u] for n, _, u in re.findall(r"(\d+(\.\d+)?)(ns|us|µs|ms|s|m|h)", text))
+    return sign * total
 
 
 def ollama_model(body: dict) -> str | None:
@@ -93,6 +123,7 @@ def generate_spec(body: dict, uploads: Uploads) -> JobSpec:
     """/api/generate: a prompt, with the chat template unless ``raw``."""
     body = neutral(body)
     check_fields(body, NEUTRAL_GEN | {"prompt", "system", "raw", "images", "suffix", "template", "context"})
+    keep_alive(body)
     _no_thinking(body)
     for key in ("images", "context"):
         if body.get(key):
@@ -119,6 +150,7 @@ def chat_spec(body: dict, uploads: Uploads) -> JobSpec:
     if isinstance(body.get("messages"), list):
         body["messages"] = [neutral(m) if isinstance(m, dict) else m for m in body["messages"]]
     check_fields(body, NEUTRAL_GEN | {"messages", "tools"})
+    keep_alive(body)
     _no_thinking(body)
     asked = chat_tools(body)
     system, history, prompt = chat_messages(tool_calls.plain_messages(body.get("messages")))
@@ -154,6 +186,7 @@ def embed_spec(body: dict) -> JobSpec:
     if isinstance(body.get("options"), dict):
         body["options"] = neutral(body["options"])
     check_fields(body, {"model", "input", "truncate", "options", "keep_alive", "dimensions"})
+    keep_alive(body)
     if body.get("options"):
         raise unsupported("options", "embeddings take no options here")
     if body.get("dimensions") is not None:

@@ -51,11 +51,11 @@ def show_body(row: dict) -> dict:
     }
 
 
-def ps_body(rows: list[dict], used: set[str]) -> dict:
-    """The models this server has run (loaded unless the memory budget made room since)."""
+def ps_body(rows: list[dict], loaded: set[str]) -> dict:
+    """The models loaded now (``loaded``: their weights' digests)."""
     models = []
     for r in rows:
-        if r["name"] in used:
+        if r["digest"] in loaded:
             models.append(
                 {
                     "name": r["name"],
