@@ -40,7 +40,7 @@ def test_version_show_and_ps(client):
 
 
 def test_errors_come_in_ollamas_shape(url):
-    r = httpx.post(url + "/api/chat", json={"model": "tiny-llama", "messages": [], "stream": False})
+    r = httpx.post(url + "/api/chat", json={"model": "tiny-llama", "messages": "hi", "stream": False})
     assert r.status_code == 400 and isinstance(r.json()["error"], str)
     r = httpx.post(url + "/api/pull", json={"model": "llama3"})
     assert r.status_code == 400 and "does not download" in r.json()["error"]
@@ -148,4 +148,13 @@ def test_keep_alive_0_unloads_after_the_request(client):
     client.generate(model="tiny-llama", prompt="hi", options={"num_predict": 2})
     assert "tiny-llama" in [m.model for m in client.ps().models]
     client.generate(model="tiny-llama", prompt="hi", options={"num_predict": 2}, keep_alive=0)
+    assert "tiny-llama" not in [m.model for m in client.ps().models]
+
+
+def test_the_load_and_unload_idiom(client):
+    loaded = client.generate(model="tiny-llama")  # no prompt: load
+    assert loaded.done and loaded.done_reason == "load" and loaded.response == ""
+    assert "tiny-llama" in [m.model for m in client.ps().models]
+    gone = client.chat(model="tiny-llama:latest", messages=[], keep_alive=0)  # no messages, keep_alive 0: unload
+    assert gone.done and gone.done_reason == "unload"
     assert "tiny-llama" not in [m.model for m in client.ps().models]

@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from starlette.requests import Request
 
 from taskrun.runner.serve.httpio import answer, json_body, ndjson, on_close, opened, release
+from taskrun.runner.serve.routes_ollama_info import load_only, unload_if_asked
 from taskrun.runner.serve.routes_openai import embed
 from taskrun.tasks import events as ev
 from taskrun.tasks.wire import ollama_api as ol
@@ -50,17 +51,11 @@ def register(app: FastAPI, service) -> None:
         return answer(ol.embed_body(spec.model, rec, time.perf_counter() - t0), run_id)
 
 
-async def unload_if_asked(body: dict, rec) -> None:
-    """Ollama's ``keep_alive: 0``: the model is unloaded once its request is done."""
-    if ol.keep_alive(body) == 0 and getattr(rec, "card", None) is not None:
-        from taskrun.pipelines import unload
-
-        await asyncio.to_thread(unload, rec.card.digest)
-
-
 async def _text(service, request: Request, chat: bool):
     t0 = time.perf_counter()
     body = await json_body(request)
+    if ol.load_only(body, chat):  # Ollama's idiom: no prompt loads (or, keep_alive 0, unloads) the model
+        return await load_only(service, body, chat)
     uploads = Uploads()
     running, streaming = None, False
     try:

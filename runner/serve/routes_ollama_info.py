@@ -12,10 +12,10 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 
 from taskrun.runner.serve.httpio import answer, json_body
-from taskrun.runner.serve.routes_ollama import unload_if_asked
 from taskrun.runner.serve.routes_openai import embed
 from taskrun.tasks.wire import ollama_api as ol
 from taskrun.tasks.wire import ollama_info as info
+from taskrun.tasks.wire.jobspec import JobSpec
 
 
 def register(app: FastAPI, service) -> None:
@@ -57,3 +57,36 @@ def register(app: FastAPI, service) -> None:
     @app.delete("/api/delete")
     async def delete(request: Request):
         raise info.delete_refused(await json_body(request))
+
+
+async def unload_if_asked(body: dict, rec) -> None:
+    """Ollama's ``keep_alive: 0``: the model is unloaded once its request is done."""
+    if ol.keep_alive(body) == 0 and getattr(rec, "card", None) is not None:
+        from taskrun.pipelines import unload
+
+        await asyncio.to_thread(unload, rec.card.digest)
+
+
+async def load_only(service, body: dict, chat: bool):
+    """A request with no prompt (no messages): load the model on its worker, or with
+    ``keep_alive: 0`` unload it, and answer ``done_reason`` "load" or "unload" as Ollama does."""
+    from taskrun.pipelines import load_pipeline, unload
+
+    name = await service.model_for(JobSpec("generate", [], {}, model=ol.ollama_model(body)))
+    card = await asyncio.to_thread(service.catalogue.card, name)
+    if ol.keep_alive(body) == 0:
+        await asyncio.to_thread(unload, card.digest)
+        reason = "unload"
+    else:
+        settings = service.settings
+
+        def load():
+            with service.loads.loading((name, "generate", None)):
+                load_pipeline("generate", card, card.runtime, settings.device, settings.dtype)
+
+        worker = service.workers.get(name)
+        worker.admit()
+        await worker.run(load)
+        reason = "load"
+    line = ol.text_line(chat, name, "")
+    return {**line, "done": True, "done_reason": reason}

@@ -66,6 +66,16 @@ def keep_alive(body: dict) -> float | None:
     return sign * total
 
 
+def load_only(body: dict, chat: bool) -> bool:
+    """Ollama's load/unload idiom: a generate with no prompt, a chat with no messages (checked
+    as the request would be: a bad keep_alive is still a 400)."""
+    body = neutral(body)
+    keep_alive(body)
+    if chat:
+        return "messages" not in body
+    return body.get("prompt") in (None, "") and not body.get("raw")
+
+
 def ollama_model(body: dict) -> str | None:
     """The model named, with Ollama's default tag ``:latest`` taken off (taskrun's names have none)."""
     name = model_of(body)
