@@ -1,5 +1,6 @@
 """HTTP errors speak the API's words: a prompt too long is ``code: context_length_exceeded`` (as
-OpenAI's), and the fix names request fields, not the CLI's flags (tasks/wire/errors.py)."""
+OpenAI's), and the fix names request fields, not the CLI's flags (tasks/wire/errors.py); /metrics
+says which exposition format it sends, and sends OpenMetrics to a scraper that asks."""
 
 from __future__ import annotations
 
@@ -23,3 +24,14 @@ def test_a_prompt_too_long_is_context_length_exceeded(servers):
         client.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "word " * 2000}])
     assert err.value.code == "context_length_exceeded"
     assert "--" not in err.value.message and "max_tokens" in err.value.message
+
+
+def test_metrics_say_their_format_and_speak_openmetrics_when_asked(servers):
+    import httpx
+
+    url = servers[0].url + "/metrics"
+    plain = httpx.get(url)
+    assert plain.status_code == 200 and plain.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    om = httpx.get(url, headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+    assert om.headers["content-type"].startswith("application/openmetrics-text; version=1.0.0")
+    assert om.text.rstrip().endswith("# EOF") and "taskrun_requests" in om.text

@@ -113,10 +113,9 @@ def _install_ops(app: FastAPI, service: Service) -> None:
         return {"status": "ok", "models": states}
 
     @app.get("/metrics")
-    async def metrics():
-        from prometheus_client import CONTENT_TYPE_LATEST
-
-        return Response(service.metrics.text(service.workers.depth()), media_type=CONTENT_TYPE_LATEST)
+    async def metrics(request: Request):
+        body, content_type = service.metrics.exposition(service.workers.depth(), request.headers.get("accept", ""))
+        return Response(body, headers={"Content-Type": content_type})
 
 
 async def _preload(service: Service, model: str) -> None:
