@@ -35,3 +35,23 @@ def test_metrics_say_their_format_and_speak_openmetrics_when_asked(servers):
     om = httpx.get(url, headers={"Accept": "application/openmetrics-text; version=1.0.0"})
     assert om.headers["content-type"].startswith("application/openmetrics-text; version=1.0.0")
     assert om.text.rstrip().endswith("# EOF") and "taskrun_requests" in om.text
+
+
+def test_serve_on_a_busy_port_says_so_before_serving(tmp_path):
+    import socket
+    import subprocess
+
+    from tests.serve_helpers import RUN
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        out = subprocess.run(
+            [RUN, "serve", "--port", str(port), "--log-db", str(tmp_path / "runs.db")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert out.returncode == 1 and f"port {port} on 127.0.0.1 is in use" in out.stderr
+    assert "serving on" not in out.stderr and "Errno" not in out.stderr
