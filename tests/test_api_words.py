@@ -55,3 +55,15 @@ def test_serve_on_a_busy_port_says_so_before_serving(tmp_path):
         )
     assert out.returncode == 1 and f"port {port} on 127.0.0.1 is in use" in out.stderr
     assert "serving on" not in out.stderr and "Errno" not in out.stderr
+
+
+def test_a_remote_cut_names_the_limit_the_user_set(servers):
+    import subprocess
+
+    from tests.serve_helpers import RUN
+
+    args = [RUN, "generate", "Why is the sky blue?", "--server", servers[0].url, "--model", "slow-llama"]
+    out = subprocess.run([*args, "--max-tokens", "5"], capture_output=True, text=True, timeout=120, env=servers[0].env)
+    assert out.returncode == 0, out.stderr
+    assert "[cut: stopped at the 5-token limit" in out.stdout + out.stderr
+    assert "0-token" not in out.stdout + out.stderr
