@@ -6,9 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-import pytest
-
-agents = pytest.importorskip("agents")  # pinned in pyproject's dev extras
+import agents  # openai-agents, pinned in pyproject's dev extras
 
 pytest_plugins = ["tests.serve_helpers"]
 
