@@ -36,6 +36,7 @@ __all__ = [
     "cache_info",
     "cached_model",
     "clear_cache",
+    "unload",
     "load_pipeline",
     "load_symbol",
     "memory_budget",
@@ -348,6 +349,15 @@ def cache_info() -> list[dict]:
             }
             for k, e in _MODELS.items()
         ]
+
+
+def unload(digest: str) -> int:
+    """Unload every entry of the model with these weights (Ollama's ``keep_alive: 0``); how many."""
+    with _LOCK:
+        keys = [k for k, e in _MODELS.items() if e.card.digest == digest]
+        dropped = [_MODELS.pop(k) for k in keys]
+    _release(dropped)
+    return len(keys)
 
 
 def clear_cache() -> None:

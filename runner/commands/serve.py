@@ -226,6 +226,7 @@ def _run(settings) -> None:
     from taskrun.runner.serve.app import create_app
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sock = _bind(settings.host, settings.port)
     app = create_app(settings)
     where = f"http://{settings.host}:{settings.port}"
     click.echo(
@@ -233,6 +234,27 @@ def _run(settings) -> None:
         f"{'key required' if settings.api_key else 'no key'})",
         err=True,
     )
-    uvicorn.run(
+    config = uvicorn.Config(
         app, host=settings.host, port=settings.port, log_level="warning", access_log=False, timeout_graceful_shutdown=5
     )
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def _bind(host: str, port: int):
+    """The listening socket, bound before "serving on" is said: a busy port is a clear error."""
+    import errno
+    import socket
+
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise click.ClickException(
+                f"port {port} on {host} is in use (another server?): stop it, or pass --port with a free one"
+            ) from None
+        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.set_inheritable(True)
+    return sock

@@ -74,7 +74,9 @@ def execute_remote(
     names = Sources(task, given)
     # As execute.CommandView shows a first stage: the items of a file format (srt, npy) are not
     # printed, the file is the result.
-    printer = EventPrinter(task, None, json_mode=json_mode, quiet=quiet, show_items=fmt in (None, "text") or json_mode)
+    printer = EventPrinter(
+        task, options, json_mode=json_mode, quiet=quiet, show_items=fmt in (None, "text") or json_mode
+    )
     events = EventReader(task, names, printer)
     body = {
         "input": wire_inputs(task, given),

@@ -29,7 +29,7 @@ log = logging.getLogger("taskrun.serve")
 
 
 def create_app(settings: Settings) -> FastAPI:
-    from taskrun.runner.serve import routes_native, routes_ollama, routes_openai
+    from taskrun.runner.serve import routes_native, routes_ollama, routes_ollama_info, routes_openai, routes_responses
     from taskrun.runner.serve.batching import EmbedBatcher
 
     service = Service(settings)
@@ -51,7 +51,9 @@ def create_app(settings: Settings) -> FastAPI:
     _install_error_handlers(app)
     _install_ops(app, service)
     routes_openai.register(app, service)
+    routes_responses.register(app, service)
     routes_ollama.register(app, service)
+    routes_ollama_info.register(app, service)
     routes_native.register(app, service)
     origins = Origins(settings.host, settings.allowed_origins)
     app.add_middleware(
@@ -65,27 +67,31 @@ def create_app(settings: Settings) -> FastAPI:
     return app
 
 
-def _error(err: APIError, headers: dict | None = None) -> JSONResponse:
+def _error(err: APIError, headers: dict | None = None, request: Request | None = None) -> JSONResponse:
+    """The error body: OpenAI's shape, or Ollama's ``{"error": "..."}`` on /api/*."""
     run_id = getattr(err, "run_id", None)
     headers = {**(headers or {}), **({"X-Taskrun-Run-Id": run_id} if run_id else {})}
-    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+    ollama = request is not None and request.url.path.startswith("/api/")
+    body = {"error": err.message} if ollama else err.body()
+    return JSONResponse(body, status_code=err.status, headers=headers)
 
 
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError):
         retry = getattr(exc, "retry_after", None)
-        return _error(exc, {"Retry-After": str(retry)} if retry else None)
+        return _error(exc, {"Retry-After": str(retry)} if retry else None, request)
 
     @app.exception_handler(TaskError)
     async def task_error(request: Request, exc: TaskError):
-        return _error(from_task_error(exc))
+        return _error(from_task_error(exc), request=request)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):
         first = exc.errors()[0] if exc.errors() else {}
         where = ".".join(str(x) for x in first.get("loc", ())[1:]) or None
-        return _error(APIError(400, f"{where or 'request'}: {first.get('msg', 'invalid request')}", param=where))
+        message = f"{where or 'request'}: {first.get('msg', 'invalid request')}"
+        return _error(APIError(400, message, param=where), request=request)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException):
@@ -94,12 +100,12 @@ def _install_error_handlers(app: FastAPI) -> None:
             405: f"{request.method} is not allowed on {request.url.path}",
         }.get(exc.status_code, str(exc.detail))
         kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        return _error(APIError(exc.status_code, message, type=kind), dict(exc.headers or {}))
+        return _error(APIError(exc.status_code, message, type=kind), dict(exc.headers or {}), request)
 
     @app.exception_handler(Exception)
     async def crash(request: Request, exc: Exception):
         log.error("internal error on %s %s", request.method, request.url.path, exc_info=exc)
-        return _error(InternalError())
+        return _error(InternalError(), request=request)
 
 
 def _install_ops(app: FastAPI, service: Service) -> None:
@@ -114,12 +120,11 @@ def _install_ops(app: FastAPI, service: Service) -> None:
         return {"status": "ok", "models": states}
 
     @app.get("/metrics")
-    async def metrics():
-        from prometheus_client import CONTENT_TYPE_LATEST
-
-        return Response(
-            service.metrics.text(service.workers.depth(), service.workers.batches()), media_type=CONTENT_TYPE_LATEST
+    async def metrics(request: Request):
+        body, content_type = service.metrics.exposition(
+            service.workers.depth(), request.headers.get("accept", ""), service.workers.batches()
         )
+        return Response(body, headers={"Content-Type": content_type})
 
 
 async def _preload(service: Service, model: str) -> None:

@@ -96,18 +96,22 @@ def ndjson(lines: AsyncIterator[dict], on_close: Callable[[], None], run_id: str
     return StreamingResponse(body(), media_type="application/x-ndjson", headers=run_headers(run_id))
 
 
-def sse(chunks: AsyncIterator[dict | str], on_close: Callable[[], None]) -> Response:
-    """Server-sent events as OpenAI streams them: ``data: {json}`` per chunk, ``data: [DONE]`` last."""
+def sse(chunks: AsyncIterator[dict | str], on_close: Callable[[], None], named: bool = False) -> Response:
+    """Server-sent events as OpenAI streams them: ``data: {json}`` per chunk, ``data: [DONE]`` last;
+    ``named``: each event also has its ``event:`` line, the chunk's ``type`` (the Responses API)."""
     from sse_starlette import EventSourceResponse
 
     async def body():
         try:
             async for chunk in chunks:
-                yield {
+                event = {
                     "data": chunk
                     if isinstance(chunk, str)
                     else json.dumps(chunk, ensure_ascii=False, separators=(",", ":"))
                 }
+                if named and isinstance(chunk, dict):
+                    event["event"] = chunk["type"]
+                yield event
         finally:
             on_close()
 

@@ -13,7 +13,6 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
-    generate_latest,
 )
 
 LATENCY = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -105,10 +104,20 @@ class ServerMetrics:
                 self.task[name].labels(task, model).observe(value)
 
     def text(self, depth: dict[str, int], batches: dict[str, tuple[int, int, int]] | None = None) -> bytes:
+        return self.exposition(depth, "", batches)[0]
+
+    def exposition(
+        self, depth: dict[str, int], accept: str, batches: dict[str, tuple[int, int, int]] | None = None
+    ) -> tuple[bytes, str]:
+        """(the metrics, their Content-Type) for the scraper's Accept header: OpenMetrics when it
+        asks for it, else the text format, version 0.0.4 (what Prometheus parses)."""
+        from prometheus_client.exposition import choose_encoder
+
         for model, n in depth.items():
             self.queue_depth.labels(model).set(n)
         for model, (running, waiting, size) in (batches or {}).items():
             self.batch_running.labels(model).set(running)
             self.batch_waiting.labels(model).set(waiting)
             self.batch_now.labels(model).set(size)
-        return generate_latest(self.registry)
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(self.registry), content_type

@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from starlette.requests import Request
 
 from taskrun.runner.serve.httpio import answer, json_body, ndjson, on_close, opened, release
+from taskrun.runner.serve.routes_ollama_info import load_only, unload_if_asked
 from taskrun.runner.serve.routes_openai import embed
 from taskrun.tasks import events as ev
 from taskrun.tasks.wire import ollama_api as ol
@@ -46,38 +47,44 @@ def register(app: FastAPI, service) -> None:
                 "an input is longer than the model's context window; shorten it or leave truncate on",
                 param="input",
             )
+        await unload_if_asked(body, rec)
         return answer(ol.embed_body(spec.model, rec, time.perf_counter() - t0), run_id)
 
 
 async def _text(service, request: Request, chat: bool):
     t0 = time.perf_counter()
     body = await json_body(request)
+    if ol.load_only(body, chat):  # Ollama's idiom: no prompt loads (or, keep_alive 0, unloads) the model
+        return await load_only(service, body, chat)
     uploads = Uploads()
     running, streaming = None, False
     try:
         spec = ol.chat_spec(body, uploads) if chat else ol.generate_spec(body, uploads)
+        asked = ol.chat_tools(body) if chat else None
         streamed = body.get("stream", True) is not False
         running = await service.start(spec, request, stream=streamed)
         if not streamed:
             rec = await running.result()
             text = rec.results[0].text if rec.results else ""
-            return answer(ol.final_line(chat, spec.model, rec, time.perf_counter() - t0, text), rec.id)
+            await unload_if_asked(body, rec)
+            return answer(ol.final_line(chat, spec.model, rec, time.perf_counter() - t0, text, asked), rec.id)
         events = await opened(running)
         streaming = True
     finally:
         if not streaming:
             release(uploads, running)
 
-    return ndjson(_lines(chat, spec.model, running, events, t0), on_close(running, uploads))
+    return ndjson(_lines(chat, spec.model, running, events, t0, asked, body), on_close(running, uploads))
 
 
-async def _lines(chat: bool, model: str, running, events, t0: float):
+async def _lines(chat: bool, model: str, running, events, t0: float, asked, body: dict):
     async for event in events:
-        if isinstance(event, ev.Token):
+        if isinstance(event, ev.Token) and asked is None:  # with tools, the answer comes whole at the end
             yield ol.text_line(chat, model, event.text)
     try:
         rec = await running.result()
     except APIError as exc:
-        yield {**exc.body(), "run_id": getattr(exc, "run_id", None)}
+        yield {"error": exc.message, "run_id": getattr(exc, "run_id", None)}  # Ollama's shape
         return
-    yield ol.final_line(chat, model, rec, time.perf_counter() - t0)
+    await unload_if_asked(body, rec)
+    yield ol.final_line(chat, model, rec, time.perf_counter() - t0, asked=asked)

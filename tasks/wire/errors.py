@@ -38,13 +38,33 @@ _NOT_FOUND_PREFIXES = ("no model named",)
 _NOT_FOUND_PARTS = ("is not available here", "is not installed here")
 
 
+# The CLI's words in a TaskError → the request fields an API client sets (longest first)
+_API_WORDS = (
+    ("Shorten it, or pass --truncate to cut its end", "Shorten it, or lower max_tokens"),
+    ("--json-schema", "the JSON schema"),
+    ("--max-tokens", "max_tokens"),
+    ("--system", "the system prompt"),
+    ("--size", "size"),
+)
+_CONTEXT_EXCEEDED = "(prompt + answer)"  # pipelines/llm/generate.py's refusal of a prompt too long
+
+
+def api_words(message: str) -> str:
+    """A TaskError's message with the CLI flags it names put as the API fields that do the same."""
+    for cli, api in _API_WORDS:
+        message = message.replace(cli, api)
+    return message
+
+
 def from_task_error(exc: TaskError) -> APIError:
-    """The API error for a job's TaskError: its message (which names the fix), 400, or 404 with
-    code ``model_not_found`` when the model is unknown or not installed."""
+    """The API error for a job's TaskError: its message (which names the fix, in the API's
+    words), 400 (code ``context_length_exceeded`` for a prompt too long, as OpenAI's), or 404
+    with code ``model_not_found`` when the model is unknown or not installed."""
     message = str(exc)
     if message.startswith(_NOT_FOUND_PREFIXES) or any(p in message for p in _NOT_FOUND_PARTS):
         return APIError(404, message, param="model", code="model_not_found")
-    return APIError(400, message)
+    code = "context_length_exceeded" if _CONTEXT_EXCEEDED in message else None
+    return APIError(400, api_words(message), code=code)
 
 
 def unsupported(field: str, why: str = "") -> APIError:

@@ -3,17 +3,21 @@
 Shapes as the official ``ollama`` Python client sends and parses them: ``options`` holds the
 sampling settings (temperature, top_p, top_k, seed, num_predict, stop, repeat_penalty; any
 other is a 400 naming it), ``format`` is "json" or a JSON Schema, durations are nanoseconds.
-``keep_alive`` is accepted and has no effect: models stay loaded until the memory budget needs
-the room. Errors keep OpenAI's ``{"error": {...}}`` shape; the ollama client shows its message.
+``keep_alive`` 0 unloads the model once the request is done; other values are checked and keep
+it loaded until the memory budget needs the room. Errors on /api/* are answered in Ollama's ``{"error": "..."}`` shape (runner/serve/app.py).
+Neutral values (null, ``[]``, ``{}``) are accepted as absent, as Ollama does; ``name:latest`` is
+``name``.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timezone
 from typing import Any
 
 from taskrun.tasks.wire import fields
+from taskrun.tasks.wire import tools as tool_calls
 from taskrun.tasks.wire.errors import invalid, unsupported
 from taskrun.tasks.wire.fields import MAX_TEXT_CHARS, check_fields, model_of, text_of, typed
 from taskrun.tasks.wire.jobspec import JobSpec, Uploads
@@ -34,12 +38,62 @@ UNLIMITED = 1_000_000  # num_predict -1: until the answer ends or the window is 
 NS = 1_000_000_000
 
 
+_DURATION = re.compile(r"^-?(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+$")
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def keep_alive(body: dict) -> float | None:
+    """``keep_alive`` in seconds as Ollama reads it: a number of seconds or a Go duration ("5m",
+    "1h30m", "-1"); 0 unloads the model after the request, a negative value keeps it loaded
+    (taskrun keeps models loaded until the memory budget needs the room either way). None: absent."""
+    value = body.get("keep_alive")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise invalid("keep_alive", "'keep_alive' must be a number of seconds or a duration such as \"5m\"")
+    if isinstance(value, (int, float)):
+        return float(value)
+    text = value.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    if not _DURATION.match(text):
+        raise invalid(
+            "keep_alive", f'keep_alive {json.dumps(value)} is not a duration: give seconds or e.g. "5m", "1h", "-1"'
+        )
+    sign = -1.0 if text.startswith("-") else 1.0
+    total = sum(float(n) * _UNITS[u] for n, _, u in re.findall(r"(\d+(\.\d+)?)(ns|us|µs|ms|s|m|h)", text))
+    return sign * total
+
+
+def load_only(body: dict, chat: bool) -> bool:
+    """Ollama's load/unload idiom: a generate with no prompt, a chat with no messages (checked
+    as the request would be: a bad keep_alive is still a 400)."""
+    body = neutral(body)
+    keep_alive(body)
+    if chat:
+        return "messages" not in body
+    return body.get("prompt") in (None, "") and not body.get("raw")
+
+
+def ollama_model(body: dict) -> str | None:
+    """The model named, with Ollama's default tag ``:latest`` taken off (taskrun's names have none)."""
+    name = model_of(body)
+    return name.removesuffix(":latest") if name else name
+
+
+def neutral(body: dict) -> dict:
+    """The body without the fields set to a value that means "absent" (null, [], {})."""
+    return {k: v for k, v in body.items() if v is not None and v != [] and v != {}}
+
+
 def sampling(body: dict) -> dict:
     opts = body.get("options") or {}
     if not isinstance(opts, dict):
         raise invalid("options", "'options' must be an object")
     out: dict[str, Any] = {}
-    for key, value in opts.items():
+    for key, value in neutral(opts).items():
         if key not in OPTIONS:
             raise unsupported(f"options.{key}", f"taskrun reads {', '.join(OPTIONS)}")
         if value is not None:
@@ -81,7 +135,9 @@ def _no_thinking(body: dict) -> None:
 
 def generate_spec(body: dict, uploads: Uploads) -> JobSpec:
     """/api/generate: a prompt, with the chat template unless ``raw``."""
+    body = neutral(body)
     check_fields(body, NEUTRAL_GEN | {"prompt", "system", "raw", "images", "suffix", "template", "context"})
+    keep_alive(body)
     _no_thinking(body)
     for key in ("images", "context"):
         if body.get(key):
@@ -101,26 +157,52 @@ def generate_spec(body: dict, uploads: Uploads) -> JobSpec:
         options["system"] = system
     if typed(body, "raw", bool, "true or false"):
         options["raw"] = True
-    return JobSpec("generate", [text_of(body.get("prompt"), "prompt")], options, model=model_of(body))
+    return JobSpec("generate", [text_of(body.get("prompt"), "prompt")], options, model=ollama_model(body))
 
 
 def chat_spec(body: dict, uploads: Uploads) -> JobSpec:
     """/api/chat: messages → system, history and the last user message."""
+    body = neutral(body)
+    if isinstance(body.get("messages"), list):
+        body["messages"] = [neutral(m) if isinstance(m, dict) else m for m in body["messages"]]
     check_fields(body, NEUTRAL_GEN | {"messages", "tools"})
+    keep_alive(body)
     _no_thinking(body)
-    if body.get("tools"):
-        raise unsupported("tools", "taskrun does not call tools")
-    system, history, prompt = chat_messages(body.get("messages"))
+    asked = chat_tools(body)
+    system, history, prompt = chat_messages(tool_calls.plain_messages(body.get("messages")))
     options = {**sampling(body), **format_options(body, uploads), "stream": True}
+    if asked is not None:
+        system = asked.system(system)
     if system:
         options["system"] = system
     if history:
         options["history"] = history
-    return JobSpec("generate", [prompt], options, model=model_of(body))
+    return JobSpec("generate", [prompt], options, model=ollama_model(body))
+
+
+def chat_tools(body: dict) -> tool_calls.ToolRequest | None:
+    """/api/chat's ``tools`` (OpenAI's function shape; Ollama has no tool_choice: the model chooses)."""
+    tools = body.get("tools")
+    return tool_calls.tool_request({"tools": tools}) if tools else None
+
+
+def ollama_calls(asked: tool_calls.ToolRequest, result) -> tuple[str, list[dict]]:
+    """(the text left, the calls in Ollama's shape: arguments as an object, no ids)."""
+    content, calls = asked.calls(result)
+    return content or "", [
+        {"function": {"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])}}
+        for c in calls
+    ]
 
 
 def embed_spec(body: dict) -> JobSpec:
+    body = neutral(body)
+    if "prompt" in body and "input" not in body:  # the legacy /api/embeddings: one text as prompt
+        body["input"] = body.pop("prompt")
+    if isinstance(body.get("options"), dict):
+        body["options"] = neutral(body["options"])
     check_fields(body, {"model", "input", "truncate", "options", "keep_alive", "dimensions"})
+    keep_alive(body)
     if body.get("options"):
         raise unsupported("options", "embeddings take no options here")
     if body.get("dimensions") is not None:
@@ -130,7 +212,7 @@ def embed_spec(body: dict) -> JobSpec:
     if not texts:
         raise invalid("input", "'input' must be a text or a list of texts")
     inputs = [text_of(t, "input" if len(texts) == 1 else f"input[{i}]") for i, t in enumerate(texts)]
-    return JobSpec("embed", inputs, {}, model=model_of(body))
+    return JobSpec("embed", inputs, {}, model=ollama_model(body))
 
 
 # --------------------------------------------------------------------------- answers
@@ -168,11 +250,17 @@ def text_line(chat: bool, model: str, piece: str) -> dict:
     return {"model": model, "created_at": now(), **content, "done": False}
 
 
-def final_line(chat: bool, model: str, rec, total_s: float, text: str = "") -> dict:
-    """The last object: done, why, the timings (and the whole answer when not streamed)."""
+def final_line(chat: bool, model: str, rec, total_s: float, text: str = "", asked=None) -> dict:
+    """The last object: done, why, the timings (and the whole answer when not streamed; with
+    tools asked for, the answer is held back to this line, its calls as ``tool_calls``)."""
     result = rec.results[0] if rec.results else None
     reason = finish_reason(result.finish_reason) if result is not None else "stop"
     line = text_line(chat, model, text)
+    if asked is not None and result is not None:
+        content, calls = ollama_calls(asked, result)
+        line["message"]["content"] = content
+        if calls:
+            line["message"]["tool_calls"] = calls
     return {**line, "done": True, "done_reason": reason, **durations(rec, total_s), "run_id": rec.id}
 
 

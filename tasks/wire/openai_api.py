@@ -150,7 +150,7 @@ def chat_messages(messages: Any) -> tuple[str, list[list[str]], Input]:
         else:
             raise unsupported(
                 f"{where}.role",
-                f"role {json.dumps(role)}: taskrun takes system, developer, user and assistant messages (no tools)",
+                f"role {json.dumps(role)}: taskrun takes system, developer, user, assistant and tool messages (a tool one after the assistant message with its tool_calls)",
             )
     if not turns or turns[-1][0] != "user":
         raise invalid("messages", "the last message (after any system ones) must be the user's")
