@@ -169,3 +169,59 @@ def test_a_lone_surrogate_leaves_no_row_running(server):
     r = httpx.post(server.url + "/api/generate", content=body, headers={"Content-Type": "application/json"})
     assert r.status_code == 400 and "surrogate" in r.text
     assert not rows(server, status="running")
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> float | None:
+    """Seconds until the server closed ``sock`` (None if it was still open after ``seconds``)."""
+    started = time.monotonic()
+    sock.settimeout(seconds)
+    try:
+        while sock.recv(65536):
+            pass
+    except TimeoutError:
+        return None
+    except ConnectionResetError:
+        pass
+    return time.monotonic() - started
+
+
+def test_stalled_headers_and_bodies_are_cut_and_stuck_connections_make_room(serve_env, session_cache, tmp_path):
+    _, toml, _ = serve_env
+    s = Server(tmp_path, server_env(tmp_path, session_cache, toml), "--read-timeout", "1", "--max-connections", "64")
+    socks: list[socket.socket] = []
+    try:
+        s.wait_healthy(60)
+        half_header = socket.create_connection(("127.0.0.1", s.port))
+        half_header.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le")
+        half_body = socket.create_connection(("127.0.0.1", s.port))
+        half_body.sendall(post("/v1/embeddings", b'{"model": "tiny-bert", "input": "hi"}', "127.0.0.1")[:-10])
+        took = _closed_within(half_header, 5), _closed_within(half_body, 5)
+        assert all(t is not None and t < 3 for t in took), took
+        # a dribbling body (a byte every 0.5 s, under the 1 s pause) is still cut at its deadline
+        drip = socket.create_connection(("127.0.0.1", s.port))
+        drip.sendall(post("/v1/embeddings", b'{"model": "tiny-bert", "input": "' + b"x" * 200_000 + b'"}', "h")[:300])
+        started, cut = time.monotonic(), False
+        while time.monotonic() - started < 8:
+            try:
+                drip.sendall(b"x")
+            except OSError:
+                cut = True
+                break
+            time.sleep(0.5)
+        assert cut and time.monotonic() - started < 6  # 1 s + 200 kB at 100 kB/s, and a margin
+        # 100 stuck connections over a limit of 64: the oldest make room, others are served
+        for _ in range(100):
+            c = socket.create_connection(("127.0.0.1", s.port))
+            c.sendall(b"GET /health HTTP/1.1\r\nHost: 127")
+            socks.append(c)
+        for _ in range(5):
+            started = time.perf_counter()
+            assert httpx.get(s.url + "/health", timeout=5).status_code == 200
+            assert time.perf_counter() - started < 1
+        log = s.log()
+        assert "Traceback" not in log and "internal error" not in log, log
+        assert "closed connections whose client stalled" in log
+    finally:
+        for c in socks:
+            c.close()
+        s.stop()

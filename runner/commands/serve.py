@@ -70,6 +70,22 @@ def physical_cores() -> int:
     help="Largest request body in MB (OpenAI's audio upload limit is 25).",
 )
 @click.option(
+    "--read-timeout",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(0.1, 3600),
+    metavar="SECONDS",
+    help="Time a client has to send whole request headers, and the longest pause allowed in a "
+    "body; a stalled connection is closed.",
+)
+@click.option(
+    "--max-connections",
+    default=2048,
+    show_default=True,
+    type=click.IntRange(8, 1_000_000),
+    help="Open connections at once; beyond, the one stalled longest is closed (else 503).",
+)
+@click.option(
     "--max-memory",
     metavar="SIZE",
     help="Memory budget for loaded models (e.g. 8GB); the least recently used is unloaded "
@@ -149,6 +165,8 @@ def _settings(
     no_auth,
     max_queue,
     max_body_mb,
+    read_timeout,
+    max_connections,
     corpora,
     no_batching,
     device,
@@ -167,6 +185,8 @@ def _settings(
         allowed_origins=parse_origins(allowed_origins),
         max_queue=max_queue,
         max_body_bytes=int(max_body_mb * 1024 * 1024),
+        read_timeout_s=read_timeout,
+        max_connections=max_connections,
         corpora=parse_corpora(corpora),
         batching=not no_batching,
         log_db=log_db,
@@ -198,6 +218,7 @@ def _run(settings) -> None:
     import uvicorn
 
     from taskrun.runner.serve.app import create_app
+    from taskrun.runner.serve.connections import guarded_protocol, raise_open_files
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)
@@ -207,6 +228,15 @@ def _run(settings) -> None:
         f"{'key required' if settings.api_key else 'no key'})",
         err=True,
     )
+    conns = raise_open_files(settings.max_connections)
+    protocol = guarded_protocol(settings.read_timeout_s, conns, settings.max_body_bytes)
     uvicorn.run(
-        app, host=settings.host, port=settings.port, log_level="warning", access_log=False, timeout_graceful_shutdown=5
+        app,
+        host=settings.host,
+        port=settings.port,
+        http=protocol,
+        backlog=max(2048, conns),
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=5,
     )

@@ -16,7 +16,7 @@ import logging
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from taskrun.runner.serve.security import Guard, Origins
@@ -89,6 +89,11 @@ def _install_error_handlers(app: FastAPI) -> None:
         }.get(exc.status_code, str(exc.detail))
         kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
         return _error(APIError(exc.status_code, message, type=kind), dict(exc.headers or {}))
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_left(request: Request, exc: ClientDisconnect):
+        log.info("client left during %s %s before its request was read", request.method, request.url.path)
+        return Response(status_code=499)  # nobody reads it
 
     @app.exception_handler(Exception)
     async def crash(request: Request, exc: Exception):
