@@ -92,7 +92,8 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ClientDisconnect)
     async def client_left(request: Request, exc: ClientDisconnect):
-        log.info("client left during %s %s before its request was read", request.method, request.url.path)
+        if not request.scope.get("taskrun.cut"):  # a stalled one cut by runner/serve/connections.py is counted there
+            log.info("client left during %s %s before its request was read", request.method, request.url.path)
         return Response(status_code=499)  # nobody reads it
 
     @app.exception_handler(Exception)

@@ -27,6 +27,7 @@ log = logging.getLogger("taskrun.serve")
 
 MIN_BODY_RATE = 100_000  # bytes/s a body upload must average: 25 MB in about 4 minutes
 LOG_EVERY_S = 10.0
+CUT = "taskrun.cut"  # a scope key: this server closed the connection
 _BUSY_BODY = (
     b'{"error":{"message":"this server has too many open connections; retry in a moment",'
     b'"type":"server_error","param":null,"code":"server_busy"}}'
@@ -39,17 +40,28 @@ BUSY = (
 
 
 class _Tally:
-    """Closed connections by reason, logged as one line at most every LOG_EVERY_S."""
+    """Closed connections by reason: the first logged at once, later ones summed into one line
+    every LOG_EVERY_S at most."""
 
     def __init__(self) -> None:
         self.counts: dict[str, int] = {}
-        self.last = 0.0
+        self.last = -LOG_EVERY_S
+        self.pending = False
 
-    def add(self, reason: str) -> None:
+    def add(self, reason: str, loop) -> None:
         self.counts[reason] = self.counts.get(reason, 0) + 1
-        now = time.monotonic()
-        if now - self.last >= LOG_EVERY_S:
-            self.last = now
+        if self.pending:
+            return
+        wait = self.last + LOG_EVERY_S - time.monotonic()
+        if wait <= 0:
+            self.flush()
+        else:
+            self.pending = True
+            loop.call_later(wait, self.flush)
+
+    def flush(self) -> None:
+        self.pending, self.last = False, time.monotonic()
+        if self.counts:
             said = ", ".join(f"{n} {why}" for why, n in self.counts.items())
             log.warning("closed connections whose client stalled: %s", said)
             self.counts.clear()
@@ -117,12 +129,13 @@ def guarded_protocol(read_timeout_s: float, max_connections: int, max_body: int)
 
         def _expire(self) -> None:
             self._timer = None
-            tally.add(f"sent no whole {self._phase} in time" if self._phase == "headers" else "stalled in a body")
+            tally.add("sent no whole headers in time" if self._phase == "headers" else "stalled in a body", self.loop)
             self._cut()
 
         def _cut(self) -> None:
             self._phase = None
             if self.cycle is not None and not self.cycle.response_complete:
+                self.cycle.scope[CUT] = True  # app.py: counted here, not logged again as a client leaving
                 self.cycle.disconnected = True
                 self.cycle.message_event.set()
             self.transport.abort()
@@ -131,7 +144,7 @@ def guarded_protocol(read_timeout_s: float, max_connections: int, max_body: int)
             waiting = [c for c in self.connections if c is not self and getattr(c, "_phase", None)]
             if waiting:
                 oldest = min(waiting, key=lambda c: c._since)
-                tally.add("closed to make room for new ones")
+                tally.add("closed to make room for new ones", self.loop)
                 oldest._disarm()
                 oldest._cut()
             else:
