@@ -23,7 +23,7 @@ from taskrun.runner.serve.security import Guard, Origins
 from taskrun.runner.serve.service import InternalError, Service
 from taskrun.runner.serve.settings import Settings
 from taskrun.tasks.base import TaskError
-from taskrun.tasks.wire.errors import APIError, from_task_error
+from taskrun.tasks.wire.errors import APIError, from_task_error, public
 
 log = logging.getLogger("taskrun.serve")
 
@@ -59,21 +59,24 @@ def create_app(settings: Settings) -> FastAPI:
     return app
 
 
-def _error(err: APIError, headers: dict | None = None) -> JSONResponse:
+def _error(err: APIError, headers: dict | None = None, corpora: dict | None = None) -> JSONResponse:
+    err = public(err, corpora)
     run_id = getattr(err, "run_id", None)
     headers = {**(headers or {}), **({"X-Taskrun-Run-Id": run_id} if run_id else {})}
     return JSONResponse(err.body(), status_code=err.status, headers=headers)
 
 
 def _install_error_handlers(app: FastAPI) -> None:
+    corpora = app.state.service.settings.corpora
+
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError):
         retry = getattr(exc, "retry_after", None)
-        return _error(exc, {"Retry-After": str(retry)} if retry else None)
+        return _error(exc, {"Retry-After": str(retry)} if retry else None, corpora)
 
     @app.exception_handler(TaskError)
     async def task_error(request: Request, exc: TaskError):
-        return _error(from_task_error(exc))
+        return _error(from_task_error(exc), corpora=corpora)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):

@@ -19,7 +19,7 @@ from taskrun.runner.serve.metrics import ServerMetrics
 from taskrun.runner.serve.settings import Settings
 from taskrun.runner.serve.workers import LoadGate, ServerJob, Workers
 from taskrun.tasks.base import TaskError
-from taskrun.tasks.wire.errors import APIError, from_task_error
+from taskrun.tasks.wire.errors import APIError, from_task_error, public
 from taskrun.tasks.wire.jobspec import JobSpec
 
 log = logging.getLogger("taskrun.serve")
@@ -65,9 +65,10 @@ class Running:
             return await asyncio.shield(self.future)
         except APIError as exc:
             exc.run_id = self.run_id
+            public(exc, self.service.settings.corpora)  # in place: a stream's error line reads it too
             raise
         except TaskError as exc:
-            err = from_task_error(exc)
+            err = public(from_task_error(exc), self.service.settings.corpora)
             err.run_id = self.run_id
             raise err from None
 
