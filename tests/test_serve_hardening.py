@@ -247,3 +247,21 @@ def test_answers_carry_no_server_path_and_no_command_line_flag(server, serve_env
     r = httpx.post(server.url + "/v1/tasks/detect", json={"input": [junk], "model": "tiny-yolos"}, timeout=60)
     assert r.status_code in (200, 400), r.text
     assert "taskrun-upload" not in r.text and "/tmp" not in r.text and "photo.png" in r.text, r.text
+
+
+@pytest.mark.parametrize(
+    "path, body, named",
+    [
+        ("/api/embed", {"model": "tiny-bert", "input": ["a"] * 2049}, "1 to 2048"),
+        ("/v1/tasks/classify", {"input": ["hi"], "options": {"labels": ["a", "b"], "template": "{} {:>20000000}"}}, "{}"),
+        ("/v1/tasks/classify", {"input": ["hi"], "options": {"labels": ["a", "b"], "template": "{} {0}"}}, "{}"),
+        ("/v1/tasks/classify", {"input": ["hi"], "options": {"labels": ["a", "b"], "template": "{}{}"}}, "{}"),
+    ],
+    ids=["embed-2049", "template-width", "template-index", "template-twice"],
+)
+def test_embed_count_and_classify_template_are_refused_fast(server, path, body, named):
+    started = time.perf_counter()
+    r = httpx.post(server.url + path, json={"model": "tiny-bert", **body}, timeout=30)
+    assert r.status_code == 400 and named in r.text and "--" not in r.text, r.text
+    assert time.perf_counter() - started < 1.0
+    assert "Traceback" not in server.log()
