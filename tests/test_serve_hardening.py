@@ -253,7 +253,11 @@ def test_answers_carry_no_server_path_and_no_command_line_flag(server, serve_env
     "path, body, named",
     [
         ("/api/embed", {"model": "tiny-bert", "input": ["a"] * 2049}, "1 to 2048"),
-        ("/v1/tasks/classify", {"input": ["hi"], "options": {"labels": ["a", "b"], "template": "{} {:>20000000}"}}, "{}"),
+        (
+            "/v1/tasks/classify",
+            {"input": ["hi"], "options": {"labels": ["a", "b"], "template": "{} {:>20000000}"}},
+            "{}",
+        ),
         ("/v1/tasks/classify", {"input": ["hi"], "options": {"labels": ["a", "b"], "template": "{} {0}"}}, "{}"),
         ("/v1/tasks/classify", {"input": ["hi"], "options": {"labels": ["a", "b"], "template": "{}{}"}}, "{}"),
     ],
@@ -265,3 +269,25 @@ def test_embed_count_and_classify_template_are_refused_fast(server, path, body, 
     assert r.status_code == 400 and named in r.text and "--" not in r.text, r.text
     assert time.perf_counter() - started < 1.0
     assert "Traceback" not in server.log()
+
+
+def test_sigterm_interrupts_running_jobs_ends_streams_with_an_error_and_exits_143(serve_env, session_cache, tmp_path):
+    _, toml, _ = serve_env
+    s = Server(tmp_path, server_env(tmp_path, session_cache, toml), "--preload", "slow-llama")
+    slow = {"model": "slow-llama", "messages": [{"role": "user", "content": "Count."}], "max_tokens": 8000}
+    try:
+        s.wait_healthy(90)
+        lines = []
+        with httpx.stream("POST", s.url + "/v1/chat/completions", json={**slow, "stream": True}, timeout=60) as r:
+            for line in r.iter_lines():
+                lines.append(line)
+                if len(lines) == 6:
+                    s.proc.terminate()  # SIGTERM
+        assert s.proc.wait(30) == 143
+        last = json.loads(next(x for x in reversed(lines) if x.startswith("data: {")).removeprefix("data: "))
+        assert last["error"]["code"] == "server_shutting_down", lines[-3:]
+        (row,) = rows(s, model="slow-llama", task="generate")
+        assert row["status"] == "interrupted" and "SIGTERM" in row["error"], row
+        assert "Traceback" not in s.log(), s.log()
+    finally:
+        s.stop()

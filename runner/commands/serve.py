@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 
 import click
@@ -230,7 +231,7 @@ def _run(settings) -> None:
     )
     conns = raise_open_files(settings.max_connections)
     protocol = guarded_protocol(settings.read_timeout_s, conns, settings.max_body_bytes)
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
@@ -240,3 +241,26 @@ def _run(settings) -> None:
         access_log=False,
         timeout_graceful_shutdown=5,
     )
+    server = _server_class()(config)
+    server.run()
+    if server.signal == signal.SIGTERM:
+        sys.exit(143)  # 128 + 15, as runner/signals.py exits for every other command
+
+
+def _server_class():
+    import uvicorn
+
+    from taskrun.runner.serve.workers import STOPPING
+
+    class Server(uvicorn.Server):
+        """uvicorn's, noting the signal and stopping running jobs at once: each ends at its next
+        token or step as "interrupted by SIGTERM", and its stream with an error line."""
+
+        signal: int | None = None
+
+        def handle_exit(self, sig, frame) -> None:
+            self.signal = self.signal or sig
+            STOPPING.set()
+            super().handle_exit(sig, frame)
+
+    return Server

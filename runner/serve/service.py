@@ -134,6 +134,9 @@ class Service:
         except TaskError:
             self.metrics.job(task, model, "failed", job.queue_wait_s)
             raise
+        except APIError:  # the server stopping under it (workers.stopping_error): its row says interrupted
+            self.metrics.job(task, model, "interrupted", job.queue_wait_s)
+            raise
         except Exception:
             log.exception("job %s (%s on %s) failed", job.run_id, task, model)
             self.metrics.job(task, model, "failed", job.queue_wait_s)
