@@ -67,93 +67,100 @@ class _Tally:
             self.counts.clear()
 
 
-def guarded_protocol(read_timeout_s: float, max_connections: int, max_body: int) -> type[H11Protocol]:
-    """uvicorn's h11 protocol with these deadlines and this limit (pass as ``uvicorn.run(http=...)``)."""
-    tally = _Tally()
+class Guarded(H11Protocol):
+    """uvicorn's h11 protocol with the deadlines and the limit above (configured by guarded_protocol)."""
 
-    class Guarded(H11Protocol):
-        _timer = None
-        _phase: str | None = None  # "headers" or "body" while the client owes bytes; None otherwise
-        _since = 0.0
-        _body_deadline = 0.0
+    read_timeout_s = 10.0
+    max_connections = 2048
+    max_body = 25 * 1024 * 1024
+    tally: _Tally
 
-        def connection_made(self, transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
+    _timer = None
+    _phase: str | None = None  # "headers" or "body" while the client owes bytes; None otherwise
+    _since = 0.0
+    _body_deadline = 0.0
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._track()
+        if len(self.connections) > self.max_connections:
+            self._make_room()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._track(got_data=True)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
             self._track()
-            if len(self.connections) > max_connections:
-                self._make_room()
 
-        def data_received(self, data: bytes) -> None:
-            super().data_received(data)
-            self._track(got_data=True)
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        self._phase = None
+        super().connection_lost(exc)
 
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            if not self.transport.is_closing():
-                self._track()
+    # ------------------------------------------------------------------ deadlines
 
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
+    def _track(self, got_data: bool = False) -> None:
+        state = self.conn.their_state
+        now = time.monotonic()
+        if state is h11.IDLE:
+            if self._phase != "headers":  # a new wait: the clock starts once, not per piece
+                self._phase, self._since = "headers", now
+                self._arm(self.read_timeout_s)
+        elif state is h11.SEND_BODY:
+            if self._phase != "body":
+                self._phase, self._since = "body", now
+                length = _content_length(self.headers) if self.headers else None
+                self._body_deadline = now + self.read_timeout_s + (length or self.max_body) / MIN_BODY_RATE
+                self._arm(min(self.read_timeout_s, self._body_deadline - now))
+            elif got_data:
+                self._arm(min(self.read_timeout_s, self._body_deadline - now))
+        elif self._phase is not None:  # the request is in: the answer's time is the job's
             self._phase = None
-            super().connection_lost(exc)
-
-        # ------------------------------------------------------------------ deadlines
-
-        def _track(self, got_data: bool = False) -> None:
-            state = self.conn.their_state
-            now = time.monotonic()
-            if state is h11.IDLE:
-                if self._phase != "headers":  # a new wait: the clock starts once, not per piece
-                    self._phase, self._since = "headers", now
-                    self._arm(read_timeout_s)
-            elif state is h11.SEND_BODY:
-                if self._phase != "body":
-                    self._phase, self._since = "body", now
-                    length = _content_length(self.headers) if self.headers else None
-                    self._body_deadline = now + read_timeout_s + (length or max_body) / MIN_BODY_RATE
-                    self._arm(min(read_timeout_s, self._body_deadline - now))
-                elif got_data:
-                    self._arm(min(read_timeout_s, self._body_deadline - now))
-            elif self._phase is not None:  # the request is in: the answer's time is the job's
-                self._phase = None
-                self._disarm()
-
-        def _arm(self, seconds: float) -> None:
             self._disarm()
-            self._timer = self.loop.call_later(max(seconds, 0.0), self._expire)
 
-        def _disarm(self) -> None:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
+    def _arm(self, seconds: float) -> None:
+        self._disarm()
+        self._timer = self.loop.call_later(max(seconds, 0.0), self._expire)
 
-        def _expire(self) -> None:
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
             self._timer = None
-            tally.add("sent no whole headers in time" if self._phase == "headers" else "stalled in a body", self.loop)
-            self._cut()
 
-        def _cut(self) -> None:
+    def _expire(self) -> None:
+        self._timer = None
+        self.tally.add("sent no whole headers in time" if self._phase == "headers" else "stalled in a body", self.loop)
+        self._cut()
+
+    def _cut(self) -> None:
+        self._phase = None
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.scope[CUT] = True  # app.py: counted here, not logged again as a client leaving
+            self.cycle.disconnected = True
+            self.cycle.message_event.set()
+        self.transport.abort()
+
+    def _make_room(self) -> None:
+        waiting = [c for c in self.connections if c is not self and getattr(c, "_phase", None)]
+        if waiting:
+            oldest = min(waiting, key=lambda c: c._since)
+            self.tally.add("closed to make room for new ones", self.loop)
+            oldest._disarm()
+            oldest._cut()
+        else:
+            self._disarm()
             self._phase = None
-            if self.cycle is not None and not self.cycle.response_complete:
-                self.cycle.scope[CUT] = True  # app.py: counted here, not logged again as a client leaving
-                self.cycle.disconnected = True
-                self.cycle.message_event.set()
-            self.transport.abort()
+            self.transport.write(BUSY)
+            self.transport.close()
 
-        def _make_room(self) -> None:
-            waiting = [c for c in self.connections if c is not self and getattr(c, "_phase", None)]
-            if waiting:
-                oldest = min(waiting, key=lambda c: c._since)
-                tally.add("closed to make room for new ones", self.loop)
-                oldest._disarm()
-                oldest._cut()
-            else:
-                self._disarm()
-                self._phase = None
-                self.transport.write(BUSY)
-                self.transport.close()
 
-    return Guarded
+def guarded_protocol(read_timeout_s: float, max_connections: int, max_body: int) -> type[H11Protocol]:
+    """The protocol class with these deadlines and this limit (pass as ``uvicorn.run(http=...)``)."""
+    attrs = {"read_timeout_s": read_timeout_s, "max_connections": max_connections, "max_body": max_body}
+    return type("Guarded", (Guarded,), {**attrs, "tally": _Tally()})
 
 
 def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
