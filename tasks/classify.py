@@ -29,8 +29,28 @@ class Options:
         object.__setattr__(self, "labels", labels)
         require(self.top_k > 0, f"--top-k must be at least 1 (got {self.top_k})")
         require(self.batch_size > 0, f"--batch-size must be at least 1 (got {self.batch_size})")
-        require("{}" in self.template, "--template must contain {} where the label goes")
+        require(_one_slot(self.template), TEMPLATE_RULE + f" (got {self.template[:60]!r})")
         require(len(set(labels)) == len(labels), "--labels has a label twice")
+
+
+TEMPLATE_RULE = (
+    "--template must hold {} exactly once where the label goes, with nothing inside the braces "
+    "(write {{ and }} for a literal brace), in at most 1,000 characters"
+)
+
+
+def _one_slot(template: str) -> bool:
+    """Exactly one bare ``{}``: a width, format spec, index or attribute (``{:>20000000}``,
+    ``{0}``, ``{.x}``) would let a request make format() build huge strings or read fields."""
+    import string
+
+    if len(template) > 1000:
+        return False
+    try:
+        fields = [(name, spec, conv) for _, name, spec, conv in string.Formatter().parse(template) if name is not None]
+    except ValueError:  # a lone { or }
+        return False
+    return fields == [("", "", None)]
 
 
 @dataclass

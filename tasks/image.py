@@ -16,6 +16,7 @@ from taskrun.tasks.base import Task, TaskError, atomic_write, check_model_serves
 from taskrun.tasks.image_conditioning import ModelConditioning, read_conditioning
 
 SCHEDULERS = ("default", "ddim", "ddpm", "euler", "euler-a", "dpm++", "pndm", "lms", "heun", "unipc")
+NATIVE_TIMES = 4  # the largest --size per side, in multiples of the model's native size
 MAX_PIXELS = 2048 * 2048  # a sane limit: beyond it a CPU (or most GPUs) cannot finish a job
 MAX_IMAGES = 64
 
@@ -280,6 +281,12 @@ def _check_size(cond: ModelConditioning, name: str, size: str) -> None:
             f"of {cond.factor} (its VAE factor), e.g. "
             f"{max(cond.factor, w // cond.factor * cond.factor)}x"
             f"{max(cond.factor, h // cond.factor * cond.factor)}"
+        )
+    most = (NATIVE_TIMES * cond.native[0], NATIVE_TIMES * cond.native[1])
+    if w > most[0] or h > most[1]:
+        raise TaskError(
+            f"--size {size}: `{name}` makes images of {cond.native[0]}x{cond.native[1]}; ask at most "
+            f"{NATIVE_TIMES} times that per side ({most[0]}x{most[1]}): beyond, it draws noise slowly"
         )
 
 

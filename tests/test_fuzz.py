@@ -23,6 +23,8 @@ from hypothesis import strategies as st
 
 from taskrun.tasks.base import TaskError
 
+pytest_plugins = ["tests.serve_helpers"]
+
 FUZZ_EXAMPLES = int(os.environ.get("TASKRUN_FUZZ_EXAMPLES", "50"))
 settings.register_profile(
     "taskrun",
@@ -366,3 +368,56 @@ def test_a_tiff_with_a_width_pil_cannot_read_is_a_user_error():
             probe_image(path)
     finally:
         path.unlink()
+
+
+# --------------------------------------------------------------------------- the HTTP request layer (issue 33)
+
+ROUTES = [
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/v1/images/generations",
+    "/api/generate",
+    "/api/chat",
+    "/api/embed",
+    *(f"/v1/tasks/{t}" for t in ("embed", "search", "classify", "generate", "image", "detect")),
+]
+FIELDS = ["model", "messages", "prompt", "input", "options", "stream", "max_tokens", "temperature", "top_p"]
+FIELDS += ["seed", "stop", "n", "size", "steps", "system", "format", "keep_alive", "stream_options", "bogus"]
+SMALL = st.one_of(
+    st.integers(-2, 4),
+    st.sampled_from([2**64, 10**30, -(2**63), 4.5, float("nan"), float("inf"), "hot", "", "\ud800", "{:>99999}"]),
+)
+VALUE = st.one_of(
+    SMALL,
+    JSON,
+    st.sampled_from(["tiny-llama", "tiny-bert", "digits-ddpm", "no-such-model"]),
+    st.lists(
+        st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "bot"]), "content": SMALL | JSON}), max_size=3
+    ),
+    st.dictionaries(
+        st.sampled_from(["num_predict", "temperature", "stop", "labels", "template", "seed", "corpus"]),
+        SMALL | JSON,
+        max_size=3,
+    ),
+)
+
+
+@pytest.fixture(scope="module")
+def fuzz_server(servers):
+    return servers[0]
+
+
+@settings(max_examples=max(20, FUZZ_EXAMPLES))
+@given(st.sampled_from(ROUTES), st.dictionaries(st.sampled_from(FIELDS), VALUE, max_size=6))
+def test_any_json_body_on_any_route_is_answered_without_a_5xx(fuzz_server, route, body):
+    import httpx
+
+    if "max_tokens" not in body:  # a valid body runs its job: keep it short
+        body["max_tokens"] = 2
+    if isinstance(body.get("options"), dict):
+        body["options"].setdefault("num_predict", 2)
+    data = json.dumps(body).encode()  # NaN and Infinity included, as some clients send them
+    r = httpx.post(fuzz_server.url + route, content=data, headers={"Content-Type": "application/json"}, timeout=120)
+    assert r.status_code < 500, (route, body, r.text)
+    assert "Traceback" not in fuzz_server.log(), fuzz_server.log()

@@ -207,6 +207,7 @@ def no_loading(monkeypatch):
         (["-n", "0"], "-n must be between 1 and 64"),
         (["--size", "33x32"], "multiples of 2 .*e.g. 32x32"),
         (["--size", "9000x9000"], "out of range"),
+        (["--size", "2048x32"], "at most 4 times that per side"),  # issue 33: 4x the native size
         (["--size", "big"], "WIDTHxHEIGHT"),
         (["-o", "no/such/folder/x.png"], "does not exist; create it first"),
         (["--out-dir", "no/such/folder"], "does not exist; create it first"),

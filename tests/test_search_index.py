@@ -159,3 +159,22 @@ def test_a_chain_searches_the_same_index(bert, corpus, tmp_path):
     )
     assert r.exit_code == 0, r.output
     assert search(bert, corpus)["metrics"]["corpus_cached"] is True
+
+
+def test_at_most_four_passage_sizes_are_kept_per_corpus_least_recently_used_first(bert, corpus, session_cache):
+    """Issue 33 item 17: each passage size is a whole copy of the corpus's vectors."""
+    path = session_cache / "search-index.sqlite"
+
+    def spaces() -> set[str]:
+        with sqlite3.connect(path) as db:
+            rows = db.execute("SELECT DISTINCT space FROM files WHERE path LIKE ?", (f"{corpus.resolve()}%",))
+            return {s.rsplit("|", 1)[1] for (s,) in rows}
+
+    for chars in (60, 70, 80, 90):
+        search(bert, corpus, "--passage-chars", str(chars))
+    assert spaces() == {"60", "70", "80", "90"}
+    search(bert, corpus, "--passage-chars", "60")  # used again: now the most recent
+    for chars in (100, 110):
+        search(bert, corpus, "--passage-chars", str(chars))
+    assert spaces() == {"60", "90", "100", "110"}
+    assert search(bert, corpus, "--passage-chars", "60")["metrics"]["corpus_cached"] is True

@@ -80,7 +80,7 @@ def test_a_foreign_origin_is_refused_and_a_loopback_one_served(server):
     r = httpx.post(
         server.url + "/v1/chat/completions", content=CHAT, headers={**headers, "Origin": "https://evil.example"}
     )
-    assert r.status_code == 403 and "--allowed-origins" in r.json()["error"]["message"]
+    assert r.status_code == 403 and "operator may allow" in r.json()["error"]["message"]
     r = httpx.post(
         server.url + "/v1/chat/completions", content=CHAT, headers={**headers, "Origin": "http://localhost:3000"}
     )
@@ -169,3 +169,125 @@ def test_a_lone_surrogate_leaves_no_row_running(server):
     r = httpx.post(server.url + "/api/generate", content=body, headers={"Content-Type": "application/json"})
     assert r.status_code == 400 and "surrogate" in r.text
     assert not rows(server, status="running")
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> float | None:
+    """Seconds until the server closed ``sock`` (None if it was still open after ``seconds``)."""
+    started = time.monotonic()
+    sock.settimeout(seconds)
+    try:
+        while sock.recv(65536):
+            pass
+    except TimeoutError:
+        return None
+    except ConnectionResetError:
+        pass
+    return time.monotonic() - started
+
+
+def test_stalled_headers_and_bodies_are_cut_and_stuck_connections_make_room(serve_env, session_cache, tmp_path):
+    _, toml, _ = serve_env
+    s = Server(tmp_path, server_env(tmp_path, session_cache, toml), "--read-timeout", "1", "--max-connections", "64")
+    socks: list[socket.socket] = []
+    try:
+        s.wait_healthy(60)
+        half_header = socket.create_connection(("127.0.0.1", s.port))
+        half_header.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le")
+        half_body = socket.create_connection(("127.0.0.1", s.port))
+        half_body.sendall(post("/v1/embeddings", b'{"model": "tiny-bert", "input": "hi"}', "127.0.0.1")[:-10])
+        took = _closed_within(half_header, 5), _closed_within(half_body, 5)
+        assert all(t is not None and t < 3 for t in took), took
+        # a dribbling body (a byte every 0.5 s, under the 1 s pause) is still cut at its deadline
+        drip = socket.create_connection(("127.0.0.1", s.port))
+        drip.sendall(post("/v1/embeddings", b'{"model": "tiny-bert", "input": "' + b"x" * 200_000 + b'"}', "h")[:300])
+        started, cut = time.monotonic(), False
+        while time.monotonic() - started < 8:
+            try:
+                drip.sendall(b"x")
+            except OSError:
+                cut = True
+                break
+            time.sleep(0.5)
+        assert cut and time.monotonic() - started < 6  # 1 s + 200 kB at 100 kB/s, and a margin
+        # 100 stuck connections over a limit of 64: the oldest make room, others are served
+        for _ in range(100):
+            c = socket.create_connection(("127.0.0.1", s.port))
+            c.sendall(b"GET /health HTTP/1.1\r\nHost: 127")
+            socks.append(c)
+        for _ in range(5):
+            started = time.perf_counter()
+            assert httpx.get(s.url + "/health", timeout=5).status_code == 200
+            assert time.perf_counter() - started < 1
+        log = s.log()
+        assert "Traceback" not in log and "internal error" not in log, log
+        assert "closed connections whose client stalled" in log
+    finally:
+        for c in socks:
+            c.close()
+        s.stop()
+
+
+def test_answers_carry_no_server_path_and_no_command_line_flag(server, serve_env):
+    import base64
+    import sys
+
+    _, _, docs = serve_env
+    search = {"input": ["kitten"], "model": "tiny-bert", "options": {"corpus": "docs"}}
+    r = httpx.post(server.url + "/v1/tasks/search", json=search, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["model"]["path"] is None
+    assert str(docs) not in r.text and sys.prefix not in r.text and "docs" in r.text
+    streamed = httpx.post(server.url + "/v1/tasks/search", json={**search, "stream": True}, timeout=60).text
+    assert (
+        str(docs) not in streamed and sys.prefix not in streamed and '"path": null' in streamed.replace('":n', '": n')
+    )
+    bad_size = httpx.post(server.url + "/v1/tasks/image", json={"input": ["a 7"], "options": {"size": "huge"}})
+    assert bad_size.status_code == 400 and "'size'" in bad_size.text and "--" not in bad_size.text, bad_size.text
+    junk = {"data": base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 64).decode(), "name": "photo.png"}
+    r = httpx.post(server.url + "/v1/tasks/detect", json={"input": [junk], "model": "tiny-yolos"}, timeout=60)
+    assert r.status_code in (200, 400), r.text
+    assert "taskrun-upload" not in r.text and "/tmp" not in r.text and "photo.png" in r.text, r.text
+
+
+@pytest.mark.parametrize(
+    "path, body, named",
+    [
+        ("/api/embed", {"model": "tiny-bert", "input": ["a"] * 2049}, "1 to 2048"),
+        (
+            "/v1/tasks/classify",
+            {"input": ["hi"], "options": {"labels": ["a", "b"], "template": "{} {:>20000000}"}},
+            "{}",
+        ),
+        ("/v1/tasks/classify", {"input": ["hi"], "options": {"labels": ["a", "b"], "template": "{} {0}"}}, "{}"),
+        ("/v1/tasks/classify", {"input": ["hi"], "options": {"labels": ["a", "b"], "template": "{}{}"}}, "{}"),
+    ],
+    ids=["embed-2049", "template-width", "template-index", "template-twice"],
+)
+def test_embed_count_and_classify_template_are_refused_fast(server, path, body, named):
+    started = time.perf_counter()
+    r = httpx.post(server.url + path, json={"model": "tiny-bert", **body}, timeout=30)
+    assert r.status_code == 400 and named in r.text and "--" not in r.text, r.text
+    assert time.perf_counter() - started < 1.0
+    assert "Traceback" not in server.log()
+
+
+def test_sigterm_interrupts_running_jobs_ends_streams_with_an_error_and_exits_143(serve_env, session_cache, tmp_path):
+    _, toml, _ = serve_env
+    s = Server(tmp_path, server_env(tmp_path, session_cache, toml), "--preload", "slow-llama")
+    slow = {"model": "slow-llama", "messages": [{"role": "user", "content": "Count."}], "max_tokens": 8000}
+    try:
+        s.wait_healthy(90)
+        lines = []
+        with httpx.stream("POST", s.url + "/v1/chat/completions", json={**slow, "stream": True}, timeout=60) as r:
+            for line in r.iter_lines():
+                lines.append(line)
+                if len(lines) == 6:
+                    s.proc.terminate()  # SIGTERM
+        assert s.proc.wait(30) == 143
+        last = json.loads(next(x for x in reversed(lines) if x.startswith("data: {")).removeprefix("data: "))
+        assert last["error"]["code"] == "server_shutting_down", lines[-3:]
+        (row,) = rows(s, model="slow-llama", task="generate")
+        assert row["status"] == "interrupted" and "SIGTERM" in row["error"], row
+        assert "Traceback" not in s.log(), s.log()
+    finally:
+        s.stop()

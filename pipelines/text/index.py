@@ -40,8 +40,15 @@ CREATE TABLE IF NOT EXISTS files (
     vectors BLOB NOT NULL,    -- float32, (len(passages), dim), row-major
     crc INTEGER NOT NULL,     -- zlib.crc32 of vectors: a damaged row is embedded again
     PRIMARY KEY (space, path)
+);
+CREATE TABLE IF NOT EXISTS spaces (
+    root TEXT NOT NULL,       -- a corpus folder
+    space TEXT NOT NULL,
+    used REAL NOT NULL,       -- when a search last used this space on this folder (time.time())
+    PRIMARY KEY (root, space)
 )
 """
+MAX_SPACES = 4  # settings (model, passage size...) kept per corpus folder; the least recently used goes
 
 
 @dataclass
@@ -95,7 +102,7 @@ class CorpusIndex:
             version = db.execute("PRAGMA user_version").fetchone()[0]
             if version != SCHEMA_VERSION:  # an index from another taskrun: start over
                 db.execute("DROP TABLE IF EXISTS files")
-            db.execute(SCHEMA)
+            db.executescript(SCHEMA)
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             db.execute("SELECT count(*) FROM files").fetchone()  # reads the pages: damage shows here
 
@@ -164,11 +171,30 @@ class CorpusIndex:
                     )
                     gone = [p for (p,) in rows if p not in keep]
                     db.executemany("DELETE FROM files WHERE space = ? AND path = ?", [(space, p) for p in gone])
+                    _forget_old_spaces(db, root.rstrip(os.sep), prefix, space)
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
         return len(gone)
+
+
+def _forget_old_spaces(db: sqlite3.Connection, root: str, prefix: str, space: str) -> None:
+    """Keep the MAX_SPACES most recently used spaces of the folder ``root``: each passage size a
+    client asks for is a whole copy of the corpus's vectors, so without a bound requests could
+    grow the file without end (issue 33)."""
+    import time
+
+    db.execute("INSERT OR REPLACE INTO spaces (root, space, used) VALUES (?, ?, ?)", (root, space, time.time()))
+    old = [
+        s
+        for (s,) in db.execute(
+            "SELECT space FROM spaces WHERE root = ? ORDER BY used DESC LIMIT -1 OFFSET ?", (root, MAX_SPACES)
+        )
+    ]
+    for s in old:
+        db.execute("DELETE FROM files WHERE space = ? AND substr(path, 1, ?) = ?", (s, len(prefix), prefix))
+        db.execute("DELETE FROM spaces WHERE root = ? AND space = ?", (root, s))
 
 
 def _row(space: str, path: str, e: Entry) -> tuple:

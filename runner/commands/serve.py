@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 
 import click
@@ -89,6 +90,22 @@ def physical_cores() -> int:
     help="Largest request body in MB (OpenAI's audio upload limit is 25).",
 )
 @click.option(
+    "--read-timeout",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(0.1, 3600),
+    metavar="SECONDS",
+    help="Time a client has to send whole request headers, and the longest pause allowed in a "
+    "body; a stalled connection is closed.",
+)
+@click.option(
+    "--max-connections",
+    default=2048,
+    show_default=True,
+    type=click.IntRange(8, 1_000_000),
+    help="Open connections at once; beyond, the one stalled longest is closed (else 503).",
+)
+@click.option(
     "--max-memory",
     metavar="SIZE",
     help="Memory budget for loaded models (e.g. 8GB); the least recently used is unloaded "
@@ -169,6 +186,8 @@ def _settings(
     no_auth,
     max_queue,
     max_body_mb,
+    read_timeout,
+    max_connections,
     corpora,
     no_batching,
     device,
@@ -193,6 +212,8 @@ def _settings(
         parallel=parallel,
         max_queue=max_queue,
         max_body_bytes=int(max_body_mb * 1024 * 1024),
+        read_timeout_s=read_timeout,
+        max_connections=max_connections,
         corpora=parse_corpora(corpora),
         batching=not no_batching,
         log_db=log_db,
@@ -224,6 +245,7 @@ def _run(settings) -> None:
     import uvicorn
 
     from taskrun.runner.serve.app import create_app
+    from taskrun.runner.serve.connections import guarded_protocol, raise_open_files
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sock = _bind(settings.host, settings.port)
@@ -234,10 +256,41 @@ def _run(settings) -> None:
         f"{'key required' if settings.api_key else 'no key'})",
         err=True,
     )
+    conns = raise_open_files(settings.max_connections)
+    protocol = guarded_protocol(settings.read_timeout_s, conns, settings.max_body_bytes)
     config = uvicorn.Config(
-        app, host=settings.host, port=settings.port, log_level="warning", access_log=False, timeout_graceful_shutdown=5
+        app,
+        host=settings.host,
+        port=settings.port,
+        http=protocol,
+        backlog=max(2048, conns),
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=5,
     )
-    uvicorn.Server(config).run(sockets=[sock])
+    server = _server_class()(config)
+    server.run(sockets=[sock])
+    if server.signal == signal.SIGTERM:
+        sys.exit(143)  # 128 + 15, as runner/signals.py exits for every other command
+
+
+def _server_class():
+    import uvicorn
+
+    from taskrun.runner.serve.workers import STOPPING
+
+    class Server(uvicorn.Server):
+        """uvicorn's, noting the signal and stopping running jobs at once: each ends at its next
+        token or step as "interrupted by SIGTERM", and its stream with an error line."""
+
+        signal: int | None = None
+
+        def handle_exit(self, sig, frame) -> None:
+            self.signal = self.signal or sig
+            STOPPING.set()
+            super().handle_exit(sig, frame)
+
+    return Server
 
 
 def _bind(host: str, port: int):

@@ -16,6 +16,8 @@ from typing import Any
 from taskrun.tasks.base import TaskError
 
 CONNECT_TIMEOUT_S = 10.0
+READ_TIMEOUT_S = 600.0  # the longest silence between two lines once the job is sent (env TASKRUN_SERVER_TIMEOUT)
+MAX_LINE = 256 * 1024 * 1024  # one NDJSON line: the done line carries the job's files as base64
 START_HINT = "start one with `run serve`, or unset TASKRUN_SERVER (drop --server) to run the job here"
 
 
@@ -45,31 +47,60 @@ def stream_job(
     import socket
 
     url = base_url(server)
+    shown = without_password(url)
     headers = {"Content-Type": "application/json", "Accept": "application/x-ndjson"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
     conn = _connection(url)
+    sent = False
     try:
+        conn.connect()
+        conn.sock.settimeout(read_timeout())  # a job may think for minutes between two events, not for ever
         conn.request("POST", f"{_path(url)}/v1/tasks/{task}", body=json.dumps(body).encode(), headers=headers)
-        conn.sock.settimeout(None)  # connected: a job may think for minutes between two events
+        sent = True
         response = conn.getresponse()
         if response.status != 200:
-            raise TaskError(fix_text(http_error(url, response.status, response.read())))
+            raise TaskError(fix_text(http_error(shown, response.status, response.read(1 << 20))))
         return read_stream(_lines(response), on_event, fix_text)
     except (ConnectionRefusedError, socket.gaierror) as exc:
-        raise TaskError(f"cannot reach a taskrun server at {url} ({_reason(exc)}); {START_HINT}") from None
+        raise TaskError(f"cannot reach a taskrun server at {shown} ({_reason(exc)}); {START_HINT}") from None
     except TimeoutError:
+        if sent:
+            raise TaskError(
+                f"the taskrun server at {shown} sent nothing for {read_timeout():g} s during the job; "
+                "see the server's log (TASKRUN_SERVER_TIMEOUT=SECONDS waits longer)"
+            ) from None
         raise TaskError(
-            f"the taskrun server at {url} did not answer within {CONNECT_TIMEOUT_S:g} s; "
+            f"the taskrun server at {shown} did not answer within {CONNECT_TIMEOUT_S:g} s; "
             f"check that it is running, or {START_HINT}"
         ) from None
     except (http.client.HTTPException, OSError) as exc:
         raise TaskError(
-            f"lost the connection to the taskrun server at {url} during the job "
+            f"lost the connection to the taskrun server at {shown} during the job "
             f"({type(exc).__name__}: {exc}); see the server's log"
         ) from None
     finally:
         conn.close()
+
+
+def read_timeout() -> float:
+    import os
+
+    try:
+        return max(1.0, float(os.environ.get("TASKRUN_SERVER_TIMEOUT") or READ_TIMEOUT_S))
+    except ValueError:
+        return READ_TIMEOUT_S
+
+
+def without_password(url: str) -> str:
+    """``url`` as an error line may show it: ``http://user:pw@host`` → ``http://user@host``."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username}@{host}" if parts.username else host))
 
 
 def _connection(url: str):
@@ -90,9 +121,11 @@ def _path(url: str) -> str:
 def _lines(response) -> Iterator[str]:
     """The response's lines as they arrive (http.client undoes the chunked encoding)."""
     while True:
-        line = response.readline()
+        line = response.readline(MAX_LINE + 1)
         if not line:
             return
+        if len(line) > MAX_LINE:
+            raise TaskError(f"the server sent a line over {MAX_LINE >> 20} MiB; is --server a taskrun server?")
         yield line.decode("utf-8", "replace")
 
 
@@ -110,7 +143,7 @@ def read_stream(lines, on_event: Callable[[str, dict], None], fix_text: Callable
             ) from None
         kind = data.get("event") if isinstance(data, dict) else None
         if kind == "done":
-            return data
+            return _checked_done(data)
         if kind == "error":
             raise TaskError(fix_text(_message(data.get("error"))))
         if kind:
@@ -132,6 +165,21 @@ def http_error(server: str, status: int, content: bytes) -> str:
     if status == 503:
         return f"{message} (the server is busy; try again shortly)"
     return message
+
+
+def _checked_done(data: dict) -> dict:
+    """The done line's fields of the types the client reads (a job object, files of name and
+    base64 text), so a wrong server fails with one line rather than deep in the printing."""
+    job, files = data.get("job"), data.get("files", [])
+    ok = isinstance(job, dict) and isinstance(job.get("items", []), list) and isinstance(files, list)
+    ok = ok and all(
+        isinstance(f, dict) and isinstance(f.get("name"), str) and isinstance(f.get("data"), str) for f in files
+    )
+    if not ok:
+        raise TaskError(
+            "the server's result is not a taskrun job (a 'done' line of the wrong shape); is --server a taskrun server?"
+        )
+    return data
 
 
 def _message(error: Any) -> str:

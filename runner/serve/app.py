@@ -16,14 +16,14 @@ import logging
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from taskrun.runner.serve.security import Guard, Origins
 from taskrun.runner.serve.service import InternalError, Service
 from taskrun.runner.serve.settings import Settings
 from taskrun.tasks.base import TaskError
-from taskrun.tasks.wire.errors import APIError, from_task_error
+from taskrun.tasks.wire.errors import APIError, from_task_error, public
 
 log = logging.getLogger("taskrun.serve")
 
@@ -67,8 +67,11 @@ def create_app(settings: Settings) -> FastAPI:
     return app
 
 
-def _error(err: APIError, headers: dict | None = None, request: Request | None = None) -> JSONResponse:
-    """The error body: OpenAI's shape, or Ollama's ``{"error": "..."}`` on /api/*."""
+def _error(
+    err: APIError, headers: dict | None = None, request: Request | None = None, corpora: dict | None = None
+) -> JSONResponse:
+    """The error body, without server paths or flags: OpenAI's shape, or Ollama's ``{"error": "..."}`` on /api/*."""
+    err = public(err, corpora)
     run_id = getattr(err, "run_id", None)
     headers = {**(headers or {}), **({"X-Taskrun-Run-Id": run_id} if run_id else {})}
     ollama = request is not None and request.url.path.startswith("/api/")
@@ -77,14 +80,16 @@ def _error(err: APIError, headers: dict | None = None, request: Request | None =
 
 
 def _install_error_handlers(app: FastAPI) -> None:
+    corpora = app.state.service.settings.corpora
+
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError):
         retry = getattr(exc, "retry_after", None)
-        return _error(exc, {"Retry-After": str(retry)} if retry else None, request)
+        return _error(exc, {"Retry-After": str(retry)} if retry else None, request, corpora)
 
     @app.exception_handler(TaskError)
     async def task_error(request: Request, exc: TaskError):
-        return _error(from_task_error(exc), request=request)
+        return _error(from_task_error(exc), request=request, corpora=corpora)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):
@@ -101,6 +106,12 @@ def _install_error_handlers(app: FastAPI) -> None:
         }.get(exc.status_code, str(exc.detail))
         kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
         return _error(APIError(exc.status_code, message, type=kind), dict(exc.headers or {}), request)
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_left(request: Request, exc: ClientDisconnect):
+        if not request.scope.get("taskrun.cut"):  # a stalled one cut by runner/serve/connections.py is counted there
+            log.info("client left during %s %s before its request was read", request.method, request.url.path)
+        return Response(status_code=499)  # nobody reads it
 
     @app.exception_handler(Exception)
     async def crash(request: Request, exc: Exception):

@@ -37,7 +37,9 @@ def register(app: FastAPI, service) -> None:
             if not stream:
                 rec = await service.run(spec, request)
                 files = await asyncio.to_thread(collect_files, task, rec, uploads.dir)
-                job = scrub(rec.to_json(), spec.inputs, uploads.dir)  # after collect_files: names
+                job = scrub(
+                    rec.to_json(), spec.inputs, uploads.dir, service.settings.corpora
+                )  # after collect_files: names
                 return answer({**job, "files": files} if files else job, rec.id)
             running = await service.start(spec, request, stream=True)
             events = await opened(running)
@@ -46,21 +48,21 @@ def register(app: FastAPI, service) -> None:
             if not streaming:
                 release(uploads, running)
 
-        return ndjson(_lines(spec, running, events, uploads), on_close(running, uploads))
+        return ndjson(_lines(spec, running, events, uploads, service.settings.corpora), on_close(running, uploads))
 
 
-async def _lines(spec: JobSpec, running, events, uploads: Uploads):
+async def _lines(spec: JobSpec, running, events, uploads: Uploads, corpora: dict[str, str]):
     async for event in events:
         line = event_to_wire(event)
         if line is not None:
-            yield scrub(line, spec.inputs, uploads.dir)
+            yield scrub(line, spec.inputs, uploads.dir, corpora)
     try:
         rec = await running.result()
         files = await asyncio.to_thread(collect_files, spec.task, rec, uploads.dir)
     except APIError as exc:
         yield error_line(exc.body(), getattr(exc, "run_id", None))
         return
-    yield done_line(scrub(rec.to_json(), spec.inputs, uploads.dir), files)
+    yield done_line(scrub(rec.to_json(), spec.inputs, uploads.dir, corpora), files)
 
 
 def native_spec(task: str, body: dict, uploads: Uploads, corpora: dict[str, str]) -> JobSpec:
@@ -121,7 +123,7 @@ def _corpus(name, corpora: dict[str, str]) -> str:
         return next(iter(corpora.values()))
     if name in corpora:
         return corpora[name]
-    offered = ", ".join(corpora) or "none (start the server with --corpus NAME=DIR)"
+    offered = ", ".join(corpora) or "none (its operator has served no corpus)"
     raise invalid(
         "options.corpus",
         f"options.corpus names one of this server's corpora: {offered}"

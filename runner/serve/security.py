@@ -34,7 +34,7 @@ class BodyTooLarge(APIError):
     def __init__(self, limit: int) -> None:
         super().__init__(
             413,
-            f"the request body is over this server's limit of {limit / 1e6:g} MB (run serve --max-body-mb)",
+            f"the request body is over this server's limit of {limit / 1e6:g} MB; send a smaller one",
             code="request_too_large",
         )
 
@@ -134,7 +134,7 @@ class Guard:
             err = APIError(
                 403,
                 "this server does not answer requests from the web page at Origin "
-                f"{origin.decode('latin-1')[:100]}: its operator may allow it with run serve --allowed-origins",
+                f"{origin.decode('latin-1')[:100]}; the server's operator may allow that origin",
                 code="origin_not_allowed",
             )
             return await self._refuse(scope, receive, send, err)

@@ -21,7 +21,7 @@ from taskrun.runner.serve.settings import Settings
 from taskrun.runner.serve.workers import LoadGate, ServerJob, Workers
 from taskrun.tasks import cache_scope
 from taskrun.tasks.base import TaskError
-from taskrun.tasks.wire.errors import APIError, from_task_error
+from taskrun.tasks.wire.errors import APIError, from_task_error, public
 from taskrun.tasks.wire.jobspec import JobSpec
 
 log = logging.getLogger("taskrun.serve")
@@ -67,9 +67,10 @@ class Running:
             return await asyncio.shield(self.future)
         except APIError as exc:
             exc.run_id = self.run_id
+            public(exc, self.service.settings.corpora)  # in place: a stream's error line reads it too
             raise
         except TaskError as exc:
-            err = from_task_error(exc)
+            err = public(from_task_error(exc), self.service.settings.corpora)
             err.run_id = self.run_id
             raise err from None
 
@@ -148,6 +149,9 @@ class Service:
             rec = await worker.run(job.execute, batched)
         except TaskError:
             self.metrics.job(task, model, "failed", job.queue_wait_s)
+            raise
+        except APIError:  # the server stopping under it (workers.stopping_error): its row says interrupted
+            self.metrics.job(task, model, "interrupted", job.queue_wait_s)
             raise
         except Exception:
             log.exception("job %s (%s on %s) failed", job.run_id, task, model)

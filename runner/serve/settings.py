@@ -32,6 +32,8 @@ class Settings:
     log_db: str | None = None  # run log (None: $TASKRUN_LOG_DB or the default)
     device: str = "auto"
     dtype: str = "auto"
+    read_timeout_s: float = 10.0  # whole headers, and the longest pause in a body (runner/serve/connections.py)
+    max_connections: int = 2048  # open at once; beyond, the longest-stalled one is closed
 
 
 def is_loopback(host: str) -> bool:

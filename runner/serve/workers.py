@@ -32,6 +32,16 @@ CANCELLED = "cancelled by the client"
 AUTO_PARALLEL = (
     4  # batch threads per model when --parallel is 0 (llamacpp_batch.AUTO_MAX, not imported: torch-free start)
 )
+STOPPING = threading.Event()  # set on SIGTERM/SIGINT: running jobs end as "interrupted by SIGTERM"
+
+
+def stopping_error() -> APIError:
+    return APIError(
+        503,
+        "the server is shutting down, so this job was interrupted; send it again once it is back",
+        type="server_error",
+        code="server_shutting_down",
+    )
 
 
 class ClientGone(TaskError):
@@ -96,6 +106,10 @@ class ServerJob:
 
     def on_event(self, event: Any) -> None:
         self._open_gate(loaded=True)  # an event: the model is loaded
+        if STOPPING.is_set():
+            from taskrun.runner.signals import Terminated
+
+            raise Terminated()  # run_job logs the row "interrupted by SIGTERM"; execute() answers 503
         if self.cancelled.is_set():
             raise ClientGone(CANCELLED)
         if self.forward is not None:
@@ -104,6 +118,8 @@ class ServerJob:
     def execute(self):
         """Run to the end (in the model's thread) → JobRecord; raises as run_job does."""
         self.queue_wait_s = time.perf_counter() - self.submitted
+        if STOPPING.is_set():
+            raise stopping_error()
         if self.cancelled.is_set():
             self._log_never_started()
             raise ClientGone(CANCELLED)
@@ -115,6 +131,8 @@ class ServerJob:
             return run_spec(
                 self.spec, log=self.log, on_event=self.on_event, device=self.device, dtype=self.dtype, offline=True
             )  # a client never makes the server download
+        except KeyboardInterrupt:  # never into the event loop: asyncio would re-raise it there
+            raise stopping_error() from None
         finally:
             seq_batch.JOIN.reset(joined)
             cache_scope.SCOPE.reset(scoped)

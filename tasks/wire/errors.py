@@ -7,6 +7,9 @@ bodies into its error lines too.
 
 from __future__ import annotations
 
+import re
+import sys
+
 from taskrun.tasks.base import TaskError
 
 
@@ -80,3 +83,27 @@ def unsupported(field: str, why: str = "") -> APIError:
 def invalid(field: str, message: str) -> APIError:
     """400 for a field with a wrong type or value."""
     return APIError(400, message, param=field, code="invalid_value")
+
+
+# --------------------------------------------------------------------------- what an HTTP client reads
+
+_FLAG = re.compile(r"(?<![\w-])(?:run [a-z]+ )?--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)")
+_UPLOAD = re.compile(r"[^\s'\"`(]*taskrun-upload-[A-Za-z0-9_]+/(?:\d{4}-)?")
+
+
+def public(err: APIError, corpora: dict[str, str] | None = None) -> APIError:
+    """``err`` as an HTTP client may read it: no path of the server's (an upload's temporary
+    folder is dropped, a served corpus is its NAME, the server's install is ``<server>``) and no
+    command-line flag (a job's ``--json-schema`` is the request's ``'json_schema'``). Changed in
+    place, so a subclass's extras (run id, Retry-After) stay."""
+    err.message = public_text(err.message, corpora)
+    return err
+
+
+def public_text(text: str, corpora: dict[str, str] | None = None) -> str:
+    for name, folder in sorted((corpora or {}).items(), key=lambda kv: -len(kv[1])):
+        text = text.replace(folder, name)
+    text = _UPLOAD.sub("", text)
+    if sys.prefix and len(sys.prefix) > 1:
+        text = text.replace(sys.prefix, "<server>")
+    return _FLAG.sub(lambda m: "'" + m.group(1).replace("-", "_") + "'", text)

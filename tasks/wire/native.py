@@ -79,9 +79,11 @@ def error_line(error_body: dict, run_id: str | None) -> dict:
     return {"event": "error", "error": error_body["error"], "run_id": run_id}
 
 
-def scrub(line: dict, inputs: list, folder: Path) -> dict:
-    """``line`` with the server's temporary paths replaced: each uploaded input's by the name its
-    client gave, anything else in the request's ``folder`` by its bare name."""
+def scrub(line: dict, inputs: list, folder: Path, corpora: dict[str, str] | None = None) -> dict:
+    """``line`` with the server's paths replaced: each uploaded input's by the name its client
+    gave, anything else in the request's ``folder`` by its bare name, a served corpus folder by
+    its NAME, and the model's folder left out (``model.path`` is null: the client has the name
+    and the digest)."""
     import json
 
     text = json.dumps(line, ensure_ascii=False)
@@ -89,7 +91,14 @@ def scrub(line: dict, inputs: list, folder: Path) -> dict:
         if inp.path and str(inp.path).startswith(str(folder)):
             text = text.replace(json.dumps(str(inp.path))[1:-1], json.dumps(inp.source)[1:-1])
     text = text.replace(json.dumps(str(folder) + "/")[1:-1], "")
-    return json.loads(text)
+    for name, where in sorted((corpora or {}).items(), key=lambda kv: -len(kv[1])):
+        text = text.replace(json.dumps(where)[1:-1], json.dumps(name)[1:-1])
+    out = json.loads(text)
+    for holder in (out, out.get("job")):
+        model = holder.get("model") if isinstance(holder, dict) else None
+        if isinstance(model, dict) and "path" in model:
+            model["path"] = None
+    return out
 
 
 def collect_files(task: str, rec, folder: Path) -> list[dict]:

@@ -19,7 +19,7 @@ from typing import Any
 from taskrun.tasks.wire import fields
 from taskrun.tasks.wire import tools as tool_calls
 from taskrun.tasks.wire.errors import invalid, unsupported
-from taskrun.tasks.wire.fields import MAX_TEXT_CHARS, check_fields, model_of, text_of, typed
+from taskrun.tasks.wire.fields import MAX_INPUTS, MAX_TEXT_CHARS, check_fields, model_of, text_of, typed
 from taskrun.tasks.wire.jobspec import JobSpec, Uploads
 from taskrun.tasks.wire.openai_api import chat_messages
 from taskrun.tasks.wire.openai_out import finish_reason
@@ -209,8 +209,8 @@ def embed_spec(body: dict) -> JobSpec:
         raise unsupported("dimensions", "vectors have the model's own length")
     value = body.get("input")
     texts = value if isinstance(value, list) else [value]
-    if not texts:
-        raise invalid("input", "'input' must be a text or a list of texts")
+    if not texts or len(texts) > MAX_INPUTS:
+        raise invalid("input", f"'input' must be a text or a list of 1 to {MAX_INPUTS} texts (got {len(texts):,})")
     inputs = [text_of(t, "input" if len(texts) == 1 else f"input[{i}]") for i, t in enumerate(texts)]
     return JobSpec("embed", inputs, {}, model=ollama_model(body))
 
