@@ -99,3 +99,45 @@ def test_an_immutable_output_is_a_clear_error(bert, tmp_path):
     assert f"cannot write {out} (Operation not permitted)" in r.output and "chattr -i" in r.output, r.output
     assert "internal error" not in r.output
     assert len(read_jsonl(out)) == 3
+
+
+def test_lines_appended_to_the_input_while_it_runs_are_not_read(bert, tmp_path, monkeypatch):
+    """`cat jobs.jsonl >> jobs.jsonl` mid-batch doubled ids: the run reads only the bytes the
+    input had when it was checked. The input is read a window at a time (4,096 items): a window
+    of 8 here, and the lines appended right after the first write to the output."""
+    from taskrun.runner.batch import local
+    from taskrun.runner.batch.journal import Journal
+
+    jobs, out = embed_jobs(tmp_path / "jobs.jsonl", 60, bert), tmp_path / "out.jsonl"
+    head = b"".join(jobs.read_bytes().splitlines(keepends=True)[:50])
+    monkeypatch.setattr(local, "WINDOW", 8)
+    real_write = Journal.write
+
+    def write_then_append(self, lines):
+        n = real_write(self, lines)
+        if not getattr(self, "appended", False):
+            self.appended = True
+            with open(jobs, "ab") as f:
+                f.write(head)
+        return n
+
+    monkeypatch.setattr(Journal, "write", write_then_append)
+    r = CliRunner().invoke(main, ["batch", str(jobs), "-o", str(out), "--chunk", "4"])
+    assert r.exit_code == 0, r.output
+    counts = Counter(x["id"] for x in read_jsonl(out))
+    assert out.read_bytes().count(b"\n") == 60 and len(counts) == 60 and set(counts.values()) == {1}
+    assert jobs.read_bytes().count(b"\n") == 110  # the appended lines are there for the next run
+
+
+def test_every_bad_input_line_is_named_at_once(tmp_path):
+    jobs = tmp_path / "jobs.jsonl"
+    rows = [f'{{"id": "j{i}", "task": "embed", "input": "x"}}' for i in range(100)]
+    for i in range(3, 100, 4):  # 25 bad lines of three kinds
+        rows[i] = ("not json", "[1, 2]", '{"id": "j0", "task": "embed", "input": "x"}')[i % 3]
+    jobs.write_text("\n".join(rows) + "\n")
+    r = CliRunner().invoke(main, ["batch", str(jobs), "-o", str(tmp_path / "out.jsonl")])
+    assert r.exit_code != 0
+    assert f"25 bad lines in {jobs}; fix them all" in r.output, r.output
+    assert "line 4 is not JSON" in r.output and "line 8 is not a JSON object" in r.output, r.output
+    assert "id 'j0' is on line 1 and line 12" in r.output and "... and 5 more" in r.output, r.output
+    assert not (tmp_path / "out.jsonl").exists() or not (tmp_path / "out.jsonl").read_bytes()
