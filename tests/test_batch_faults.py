@@ -141,3 +141,68 @@ def test_every_bad_input_line_is_named_at_once(tmp_path):
     assert "line 4 is not JSON" in r.output and "line 8 is not a JSON object" in r.output, r.output
     assert "id 'j0' is on line 1 and line 12" in r.output and "... and 5 more" in r.output, r.output
     assert not (tmp_path / "out.jsonl").exists() or not (tmp_path / "out.jsonl").read_bytes()
+
+
+# --------------------------------------------------------------------------- any damage, then resume
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from taskrun.runner.batch.journal import Journal, line_key  # noqa: E402
+from taskrun.tasks.base import TaskError  # noqa: E402
+
+IDS = [f"item-{i}" for i in range(6)]
+
+
+def job_line(item: str, k: int = 0) -> dict:
+    return {"id": item, "task": "embed", "status": "ok", "result": {"vector": [0.125 * k, -1.5, 2.0]}, "run_id": "r1"}
+
+
+@st.composite
+def damage(draw):
+    """One byte range of the output damaged: overwritten, deleted, replaced by other bytes (a
+    newline among them, maybe), or everything from it on cut off."""
+    kind = draw(st.sampled_from(["overwrite", "delete", "insert", "cut"]))
+    start = draw(st.integers(0, 10_000))
+    length = draw(st.integers(1, 300))
+    junk = draw(st.binary(min_size=1, max_size=40) | st.sampled_from([b"\n", b"}\n", b'"', b"0"]))
+    return kind, start, length, junk
+
+
+def damaged(data: bytes, how) -> bytes:
+    kind, start, length, junk = how
+    start %= len(data)
+    end = min(len(data), start + length)
+    if kind == "overwrite":
+        return data[:start] + (junk * length)[: end - start] + data[end:]
+    if kind == "delete":
+        return data[:start] + data[end:]
+    if kind == "insert":
+        return data[:start] + junk + data[start:]
+    return data[:start]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(how=damage(), n=st.integers(1, len(IDS)))
+def test_any_damaged_byte_range_then_resume_gives_every_id_once(tmp_path_factory, how, n):
+    """Issue 33's target: any single byte range of the output damaged, then resume → every id
+    exactly once with a valid line, or a clear refusal naming the line; never silent loss."""
+    out = tmp_path_factory.mktemp("dmg") / "out.jsonl"
+    with Journal(out, flavour="taskrun") as j:
+        j.write([job_line(i, k) for k, i in enumerate(IDS[:n])])
+    before = out.read_bytes()
+    after = damaged(before, how)
+    if after == before:
+        return
+    out.write_bytes(after)
+    try:
+        with Journal(out, flavour="taskrun") as j:  # the resume: what is not done runs again
+            j.write([job_line(i, k) for k, i in enumerate(IDS[:n]) if i not in j.done])
+    except TaskError as exc:
+        assert "line " in str(exc) and str(out) in str(exc), exc
+        return
+    lines = out.read_bytes().splitlines(keepends=True)
+    keys = [line_key(raw) for raw in lines]
+    assert None not in keys, lines
+    assert sorted(k[0] for k in keys) == IDS[:n], lines  # every id once
+    assert all(raw in before.splitlines(keepends=True) for raw in lines), lines  # each line as written
