@@ -12,8 +12,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from taskrun.runner.batch.journal import Journal, line_key
 from taskrun.runner.cli import main
+from taskrun.tasks.base import TaskError
 from tests.test_batch import RUN, read_jsonl
 from tests.test_batch_resume import embed_jobs, one_thread
 from tests.tiny.bert import build as build_bert
@@ -106,7 +110,6 @@ def test_lines_appended_to_the_input_while_it_runs_are_not_read(bert, tmp_path, 
     input had when it was checked. The input is read a window at a time (4,096 items): a window
     of 8 here, and the lines appended right after the first write to the output."""
     from taskrun.runner.batch import local
-    from taskrun.runner.batch.journal import Journal
 
     jobs, out = embed_jobs(tmp_path / "jobs.jsonl", 60, bert), tmp_path / "out.jsonl"
     head = b"".join(jobs.read_bytes().splitlines(keepends=True)[:50])
@@ -144,12 +147,6 @@ def test_every_bad_input_line_is_named_at_once(tmp_path):
 
 
 # --------------------------------------------------------------------------- any damage, then resume
-
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from taskrun.runner.batch.journal import Journal, line_key  # noqa: E402
-from taskrun.tasks.base import TaskError  # noqa: E402
 
 IDS = [f"item-{i}" for i in range(6)]
 
