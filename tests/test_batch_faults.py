@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from taskrun.runner.batch.journal import Journal, line_key
+from taskrun.runner.batch.journal import Journal, checked, line_key
 from taskrun.runner.cli import main
 from taskrun.tasks.base import TaskError
 from tests.test_batch import RUN, read_jsonl
@@ -202,4 +202,5 @@ def test_any_damaged_byte_range_then_resume_gives_every_id_once(tmp_path_factory
     keys = [line_key(raw) for raw in lines]
     assert None not in keys, lines
     assert sorted(k[0] for k in keys) == IDS[:n], lines  # every id once
-    assert all(raw in before.splitlines(keepends=True) for raw in lines), lines  # each line as written
+    written = {checked(raw) for raw in before.splitlines(keepends=True)}
+    assert all(checked(raw) in written for raw in lines), lines  # each line as written (its checksum may be cut)

@@ -117,7 +117,7 @@ def test_a_flipped_byte_in_a_result_is_caught(tmp_path):
 
 def test_lines_without_checksums_are_read_by_a_full_parse(tmp_path):
     out = tmp_path / "out.jsonl"
-    good = json.dumps({"id": "a", "task": "embed", "status": "ok", "result": None}) + "\n"
+    good = json.dumps({"id": "a", "task": "embed", "status": "ok", "result": None, "run_id": "r"}) + "\n"
     out.write_text(good + '{"id": "b", "task": "embed", "status": "ok", "res\n' + good.replace('"a"', '"c"'))
     with Journal(out, flavour="taskrun") as j:
         assert j.done == {"a": True, "c": True} and j.damaged == (1, [2], f"{out}.damaged")
@@ -134,7 +134,9 @@ def test_two_runs_cannot_write_one_output(tmp_path):
 
 def test_another_batchs_output_is_not_resumed(tmp_path):
     out = tmp_path / "out.jsonl"
-    out.write_text(json.dumps({"id": "batch_req_1", "custom_id": "x", "response": {"status_code": 200}}) + "\n")
+    out.write_text(
+        json.dumps({"id": "batch_req_1", "custom_id": "x", "response": {"status_code": 200}, "error": None}) + "\n"
+    )
     with pytest.raises(Exception, match="holds openai-format lines"):
         Journal(out, flavour="taskrun")
 

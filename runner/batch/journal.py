@@ -10,7 +10,8 @@ so that the file itself is the record of what is done.
   (``_sealed``), so a line damaged anywhere (cut to its first bytes, a byte flipped in the result)
   is not counted done. On resume every damaged line, torn last line or damaged middle one, is
   moved out of the output into ``OUT.damaged`` (appended: nothing is lost) and its item runs
-  again; lines written by a taskrun without checksums are read by a full parse.
+  again; lines written by a taskrun without checksums are read by a full parse (and must end
+  with the key such lines ended with, so a line whose checksum key lost a byte is not one).
 - A write that fails (a full disk, an immutable file) is a clear error naming the file, and any
   part of the lines it wrote is cut off again, so the file holds whole lines only.
 - The ids in the file are the items already done: a rerun skips them. ``--restart`` empties the
@@ -36,6 +37,7 @@ _NATIVE = re.compile(rb'^\{"id": ("(?:[^"\\]|\\.)*"), "task": "[a-z]+", "status"
 _OPENAI = re.compile(rb'^\{"id": "[^"]*", "custom_id": ("(?:[^"\\]|\\.)*"), "response": \{"status_code": (\d+)')
 
 
+_LAST = ("run_id", "error")  # the last key of a taskrun line and of an OpenAI line, before checksums
 _CRC = re.compile(rb', "crc": "([0-9a-f]{8})"\}\n\Z')
 
 
@@ -64,13 +66,15 @@ def line_key(raw: bytes, *, need_crc: bool = False) -> tuple[str, bool, str] | N
     line (``need_crc``: a line without a checksum is not intact either)."""
     if not raw.endswith(b"\n"):
         return None
-    if _tail(raw) is None:  # no checksum: intact only if the whole line parses
+    if _tail(raw) is None:  # no checksum: intact only if the whole line parses, ending as lines did
         if need_crc or b'"crc": ' in raw:
             return None
         try:
-            json.loads(raw)
+            obj = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError):
             return None
+        if not isinstance(obj, dict) or not obj or list(obj)[-1] not in _LAST:
+            return None  # e.g. a line whose "crc" key lost a byte
     else:
         plain = checked(raw)
         if plain is None:
