@@ -193,6 +193,9 @@ def _joined(entry: dict, name: str) -> Path | None:
             os.replace(tmp, target)
         finally:
             tmp.unlink(missing_ok=True)
+        from taskrun.models.cache_record import note_written
+
+        note_written(target_dir, cache_dir())
     for extra in entry.get("with", []):  # small files that sit beside the joined one
         pkg, _, rel = extra.partition(":")
         src = _package_path({"package": pkg}) / rel
