@@ -64,7 +64,7 @@ def physical_cores() -> int:
     "--max-memory",
     metavar="SIZE",
     help="Memory budget for loaded models (e.g. 8GB); the least recently used is unloaded "
-    "to make room. Default: no limit.",
+    "to make room; a SIZE below the smallest installed model is refused. Default: no limit.",
 )
 @click.option(
     "--corpus",
@@ -125,6 +125,8 @@ def serve_cmd(threads, max_memory, **choices):
         settings, budget = _settings(**choices), parse_size(max_memory)
     except TaskError as exc:
         raise click.UsageError(str(exc)) from None
+    if budget is not None:
+        _check_budget(budget, max_memory)
     _set_threads(threads or physical_cores())
     if budget is not None:
         _set_budget(budget)
@@ -161,6 +163,38 @@ def _set_threads(n: int) -> None:
     from taskrun.pipelines.device import configure_openmp
 
     configure_openmp()
+
+
+def smallest_model() -> tuple[str, int] | None:
+    """The packaged model with the fewest bytes on disk here (name, bytes); None when none is
+    installed. Models joined from parts are not joined for this (they are large ones)."""
+    from taskrun.models.digest import dir_size
+    from taskrun.models.resolve import aliases, locate
+
+    found = []
+    for name, entry in aliases().items():
+        if "join" in entry:
+            continue
+        try:
+            found.append((dir_size(locate(name, offline=True)[0]), name))
+        except (TaskError, OSError):
+            continue
+    return (min(found)[1], min(found)[0]) if found else None
+
+
+def _check_budget(budget: int, given: str) -> None:
+    """A budget no model fits would load every model anyway and thrash: refuse it, naming the
+    least that holds one (a model takes about its size on disk once loaded)."""
+    from taskrun.models.sizes import format_size
+
+    smallest = smallest_model()
+    if smallest and budget < smallest[1]:
+        name, size = smallest
+        raise click.UsageError(
+            f"--max-memory {given} is below the size of every model here; the smallest, {name}, "
+            f"takes {format_size(size)}: give at least --max-memory {-(-size // 10**6)}MB, "
+            f"or leave it out for no limit"
+        )
 
 
 def _set_budget(budget: int) -> None:
