@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -204,3 +205,45 @@ def test_any_damaged_byte_range_then_resume_gives_every_id_once(tmp_path_factory
     assert sorted(k[0] for k in keys) == IDS[:n], lines  # every id once
     written = {checked(raw) for raw in before.splitlines(keepends=True)}
     assert all(checked(raw) in written for raw in lines), lines  # each line as written (its checksum may be cut)
+
+
+def test_a_pool_worker_killed_9_reruns_its_item_and_the_batch_goes_on(tiny_dir, tmp_path):
+    """Issue 33 item 18: a transcribe pool worker killed with -9 (as the OOM killer does) ended
+    the batch with "internal error: BrokenProcessPool"; now its items run again in a new pool."""
+    import shutil
+
+    import psutil
+
+    from tests.tiny.whisper import build_ct2, clip
+
+    whisper = str(build_ct2(tiny_dir))
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    for i in range(16):
+        shutil.copy(clip(tiny_dir), rec / f"c{i:02d}.wav")
+    out = tmp_path / "out.jsonl"
+    cmd = [RUN, "batch", "transcribe", str(rec), "-o", str(out), "-m", whisper, "--workers", "2"]
+    cmd += ["-O", "beam_size=1", "-O", "language=en"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=one_thread())
+    killed = None
+    try:
+        while proc.poll() is None and killed is None:
+            if out.exists() and out.read_bytes().count(b"\n") >= 1:
+                workers = [
+                    c
+                    for c in psutil.Process(proc.pid).children(recursive=True)
+                    if "resource_tracker" not in " ".join(c.cmdline())
+                ]
+                if workers:
+                    killed = workers[0].pid
+                    os.kill(killed, 9)
+            time.sleep(0.01)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert killed is not None, "the batch ended before a worker could be killed"
+    assert proc.returncode == 0, err
+    assert "BrokenProcessPool" not in err and "internal error" not in err
+    lines = read_jsonl(out)
+    assert sorted(x["id"] for x in lines) == [f"c{i:02d}.wav" for i in range(16)]
+    assert all(x["status"] == "ok" for x in lines)
