@@ -209,6 +209,10 @@ def _set_budget(budget: int) -> None:
 def _run(settings) -> None:
     import uvicorn
 
+    from taskrun.runner.serve.sweep import sweep_uploads
+
+    sweep_uploads()  # what servers killed with -9 left in the temp folder
+
     from taskrun.runner.serve.app import create_app
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
