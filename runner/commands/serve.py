@@ -67,6 +67,12 @@ def physical_cores() -> int:
     "to make room; a SIZE below the smallest installed model is refused. Default: no limit.",
 )
 @click.option(
+    "--client-runtimes",
+    is_flag=True,
+    help='Let requests choose a model\'s runtime ("runtime": ...), which may convert the model '
+    "and take its memory on the server. Default: the model's runtime only.",
+)
+@click.option(
     "--corpus",
     "corpora",
     multiple=True,
@@ -134,7 +140,19 @@ def serve_cmd(threads, max_memory, **choices):
 
 
 def _settings(
-    host, port, preload, api_key, no_auth, max_queue, max_body_mb, corpora, no_batching, device, dtype, log_db
+    host,
+    port,
+    preload,
+    api_key,
+    no_auth,
+    max_queue,
+    max_body_mb,
+    corpora,
+    no_batching,
+    device,
+    dtype,
+    log_db,
+    client_runtimes=False,
 ):
     """The operator's choices, checked, as the server's Settings (TaskError names a bad one)."""
     from taskrun.runner.serve.settings import Settings, check_exposure, parse_corpora
@@ -152,6 +170,7 @@ def _settings(
         log_db=log_db,
         device=device,
         dtype=dtype,
+        client_runtimes=client_runtimes,
     )
 
 

@@ -107,6 +107,8 @@ class Service:
         cancels it. Raises APIError (404, 400, 503) before anything runs."""
         model = await self.model_for(spec)
         spec.model = model
+        if spec.runtime and not self.settings.client_runtimes:
+            self._check_runtime(spec)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue | None = asyncio.Queue() if stream else None
         job = ServerJob(
@@ -125,6 +127,24 @@ class Service:
             watcher = asyncio.ensure_future(_watch(request, job))
             future.add_done_callback(lambda _: watcher.cancel())
         return Running(self, job, model, future, queue)
+
+    def _check_runtime(self, spec: JobSpec) -> None:
+        """Runtimes are the operator's choice: a client naming another one than the model's (a
+        conversion and its memory on the server: transformers for a GGUF) is refused unless the
+        server was started with --client-runtimes."""
+        from taskrun.tasks.wire.errors import invalid
+
+        try:
+            card = self.catalogue.card(spec.model)
+        except TaskError:
+            return  # an unknown model is refused where it is looked up
+        if spec.runtime != card.runtime:
+            raise invalid(
+                "runtime",
+                f'"runtime": {spec.runtime!r} is not this server\'s choice for {card.name} (it runs '
+                f"{card.runtime}); leave the field out, or ask the operator to start the server with "
+                f"--client-runtimes",
+            )
 
     async def _execute(self, worker, job: ServerJob, model: str):
         task = job.spec.task

@@ -26,6 +26,7 @@ class Settings:
     log_db: str | None = None  # run log (None: $TASKRUN_LOG_DB or the default)
     device: str = "auto"
     dtype: str = "auto"
+    client_runtimes: bool = False  # whether a request's "runtime" may differ from the model's
 
 
 def is_loopback(host: str) -> bool:
