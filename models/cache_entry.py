@@ -258,5 +258,10 @@ def build_once(target: Path, card, what: str, build: Callable[[Path], None]) -> 
 
 def _ran(card, folder: Path, what: str) -> Path:
     """Note on the card what actually runs: the converted folder and its digest (logged in notes)."""
+    from taskrun.models.cache_record import note_written
+
+    note_written(
+        folder, folder.parent.parent
+    )  # <cache>/<kind>/<entry>  # a sound entry of taskrun's: `run cache prune --all` may remove it
     card.extra["ran"] = [f"ran the converted copy {folder} ({digest_of(folder)}) of {what}"]
     return folder

@@ -87,6 +87,9 @@ def digest_path(path: Path, cache: Path) -> str:
     try:
         tmp.write_text(json.dumps(known, indent=1))
         os.replace(tmp, index)  # atomic: a concurrent writer loses at most a cache entry, never the file
+        from taskrun.models.cache_record import note_written
+
+        note_written(index, cache)
     except OSError:  # a read-only or full cache: the digest is right, it is only not remembered
         tmp.unlink(missing_ok=True)
     return digest

@@ -156,6 +156,9 @@ def joined(entry: dict, name: str, cache: Path, package_path) -> Path | None:
                     target.unlink()  # read-only and changed: replaced whole from the parts
                 digest = _copy_parts(entry, parts, target)
                 _record_digest(target, digest, cache)
+                from taskrun.models.cache_record import note_written
+
+                note_written(target_dir, cache)  # ours: `run cache prune --all` may remove it
     for extra in entry.get("with", []):  # small files that sit beside the joined one
         module, _, rel = extra.partition(":")
         src = package_path({"package": module}) / rel

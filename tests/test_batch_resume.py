@@ -79,18 +79,49 @@ def test_a_torn_last_line_is_cut_and_its_item_runs_again(bert, tmp_path):
         out.write_bytes(b"".join(full[:3]) + tail)
         r = CliRunner().invoke(main, ["batch", str(jobs), "-o", str(out)])
         assert r.exit_code == 0, r.output
-        assert f"cut a torn last line ({len(tail)} bytes)" in r.output and "3 ok" in r.output
+        assert f"1 damaged line(s) of {out} (line 4; {len(tail)} bytes) moved to {out}.damaged" in r.output
+        assert "3 ok" in r.output
         lines = read_jsonl(out)
         assert sorted(x["id"] for x in lines) == [f"s{i}" for i in range(6)]
+        assert (tmp_path / "out.jsonl.damaged").read_bytes().endswith(tail.rstrip(b"\n") + b"\n")
 
 
-def test_a_damaged_line_before_good_ones_is_named_not_cut(tmp_path):
+def test_a_damaged_middle_line_is_set_aside_and_redone(bert, tmp_path):
+    """Item 12: a middle line cut to its first 60 bytes still shows its id and status; the
+    checksum catches it, so its item runs again and the cut bytes are kept in OUT.damaged."""
+    jobs, out = embed_jobs(tmp_path / "jobs.jsonl", 6, bert), tmp_path / "out.jsonl"
+    assert CliRunner().invoke(main, ["batch", str(jobs), "-o", str(out)]).exit_code == 0
+    full = out.read_bytes().splitlines(keepends=True)
+    cut = full[2][:60] + b"\n"
+    assert b'"status": "ok"' in cut  # what the old resume read as done
+    out.write_bytes(b"".join(full[:2]) + cut + b"".join(full[3:]))
+    r = CliRunner().invoke(main, ["batch", str(jobs), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "1 damaged line(s)" in r.output and "(line 3;" in r.output and "1 ok" in r.output
+    lines = read_jsonl(out)
+    assert sorted(x["id"] for x in lines) == [f"s{i}" for i in range(6)]
+    assert all(x["status"] == "ok" and x["result"] for x in lines)
+    assert (tmp_path / "out.jsonl.damaged").read_bytes() == cut
+
+
+def test_a_flipped_byte_in_a_result_is_caught(tmp_path):
     out = tmp_path / "out.jsonl"
-    good = json.dumps({"id": "a", "task": "embed", "status": "ok", "result": None}) + "\n"
-    out.write_text(good + '{"id": "b", "ta\n' + good.replace('"a"', '"c"'))
-    with pytest.raises(Exception, match="line 2 of .* is damaged"):
-        Journal(out, flavour="taskrun")
-    assert out.read_text().count("\n") == 3  # untouched
+    with Journal(out, flavour="taskrun") as j:
+        j.write([{"id": i, "task": "embed", "status": "ok", "result": [0.25, 0.5]} for i in "abc"])
+    data = out.read_bytes()
+    out.write_bytes(data.replace(b"0.25", b"0.35", 1))  # in line 1: still valid JSON
+    with Journal(out, flavour="taskrun") as j:
+        assert set(j.done) == {"b", "c"} and j.damaged == (1, [1], f"{out}.damaged")
+    assert out.read_bytes() == data[data.index(b"\n") + 1 :]
+
+
+def test_lines_without_checksums_are_read_by_a_full_parse(tmp_path):
+    out = tmp_path / "out.jsonl"
+    good = json.dumps({"id": "a", "task": "embed", "status": "ok", "result": None, "run_id": "r"}) + "\n"
+    out.write_text(good + '{"id": "b", "task": "embed", "status": "ok", "res\n' + good.replace('"a"', '"c"'))
+    with Journal(out, flavour="taskrun") as j:
+        assert j.done == {"a": True, "c": True} and j.damaged == (1, [2], f"{out}.damaged")
+    assert out.read_text().count("\n") == 2
 
 
 def test_two_runs_cannot_write_one_output(tmp_path):
@@ -103,7 +134,9 @@ def test_two_runs_cannot_write_one_output(tmp_path):
 
 def test_another_batchs_output_is_not_resumed(tmp_path):
     out = tmp_path / "out.jsonl"
-    out.write_text(json.dumps({"id": "batch_req_1", "custom_id": "x", "response": {"status_code": 200}}) + "\n")
+    out.write_text(
+        json.dumps({"id": "batch_req_1", "custom_id": "x", "response": {"status_code": 200}, "error": None}) + "\n"
+    )
     with pytest.raises(Exception, match="holds openai-format lines"):
         Journal(out, flavour="taskrun")
 

@@ -65,9 +65,13 @@ def test_list_shows_every_entry_and_prune_removes_what_it_lists(cache, tiny_dir,
 
 
 def test_older_than_keeps_recent_entries(cache, tmp_path):
+    from taskrun.models.cache_record import note_written
+
     (cache / "gguf" / "old").mkdir(parents=True)
     (cache / "gguf" / "old" / "model.safetensors").write_bytes(b"x" * 100)
     (cache / "digests.json").write_text("{}")
+    for p in (cache / "gguf" / "old", cache / "digests.json"):
+        note_written(p, cache)  # as taskrun records what it writes
     week_ago = time.time() - 8 * 86400
     for p in (cache / "gguf" / "old" / "model.safetensors", cache / "gguf" / "old"):
         os.utime(p, (week_ago, week_ago))
@@ -82,8 +86,31 @@ def test_prune_needs_a_choice_and_known_names(cache):
     assert r.exit_code == 2 and "no cache entry gguf/nothing" in r.output
 
 
+def test_prune_all_keeps_the_users_own_files_in_a_shared_cache_folder(cache, tiny_dir, tmp_path):
+    """Issue 33 item 9: kinds were matched by name, so the user's own models in gguf/ and joined/
+    of a shared TASKRUN_CACHE_DIR went with --all. Only what taskrun recorded writing goes now."""
+    _fill(cache, tiny_dir, tmp_path)
+    (cache / "joined").mkdir()
+    mine = [cache / "gguf" / "my-llama-7b.Q4_K_M.gguf", cache / "joined" / "my-merged-model.bin"]
+    for p in mine:
+        p.write_bytes(b"GGUF" + b"\0" * 1000)
+    listed = {e["name"]: e for e in _cache("list")["entries"]}
+    assert listed["gguf/my-llama-7b.Q4_K_M.gguf"]["kind"] == "other", listed
+    removed = _cache("prune", "--all")["removed"]
+    assert (
+        "digests.json" in removed and "search-index.sqlite" in removed and any(n.startswith("gguf/") for n in removed)
+    )
+    assert all(p.read_bytes().startswith(b"GGUF") for p in mine)  # the user's files are all there
+    assert (cache / "notes.txt").exists()
+    left = {e["name"] for e in _cache("list")["entries"]}
+    assert left == {"gguf/my-llama-7b.Q4_K_M.gguf", "joined/my-merged-model.bin", "notes.txt"}, left
+
+
 def test_text_output_names_sizes_and_the_folder(cache):
+    from taskrun.models.cache_record import note_written
+
     (cache / "digests.json").write_text("{}")
+    note_written(cache / "digests.json", cache)
     r = CliRunner().invoke(main, ["cache", "list"])
     assert r.exit_code == 0 and "digests.json" in r.stdout and "sha256 digests" in r.stdout
     assert str(cache) in r.stderr

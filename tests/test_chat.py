@@ -105,6 +105,52 @@ def test_the_oldest_turns_are_dropped_to_fit_the_window(tiny):
     assert len(rows[-1]["options"]["history"]) < 6  # not every earlier turn is kept
 
 
+def test_a_long_loaded_conversation_is_fitted_in_linear_time(tiny, tmp_path, monkeypatch):
+    """Issue 33 item 14: 2,000 saved turns printed nothing for 240 s, every dropped pair
+    re-rendering and re-tokenising all the rest. Each pair is tokenised once now: counted here."""
+    from taskrun.runner.commands import chat as chat_mod
+
+    saved = tmp_path / "long.json"
+    turns = [
+        {"role": r, "content": f"{r} line {i} about the release"} for i in range(1000) for r in ("user", "assistant")
+    ]
+    saved.write_text(json.dumps({"system": "", "turns": turns}))
+    calls = []
+    real_engine = chat_mod.Chat._engine
+
+    def counted(self):
+        llm = real_engine(self)
+        if not getattr(llm, "_counted", False):
+            real = llm.prompt_ids
+            llm.prompt_ids = lambda *a, **k: calls.append(1) or real(*a, **k)
+            llm._counted = True
+        return llm
+
+    monkeypatch.setattr(chat_mod.Chat, "_engine", counted)
+    r = _chat(tiny, "What was decided?\n", "--load", str(saved), "--max-tokens", "40")
+    assert r.exit_code == 0, r.output
+    assert "note: dropped the" in r.stderr and "oldest turns" in r.stderr
+    row = _turns()[-1]
+    assert row["metrics"]["input_tokens"] + 40 <= 512
+    assert row["options"]["history"][-1] == ["assistant", "assistant line 999 about the release"]  # the newest kept
+    assert len(calls) < 100, len(calls)  # the pairs that fit, once each, plus a few full renders
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('{"turns": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deep"),
+        ('{"turns": [{"role": "user", "content": "hi \\ud800"}]}', "turn 1 holds a lone surrogate"),
+    ],
+)
+def test_a_load_nested_deep_or_with_a_lone_surrogate_is_a_clear_error(tiny, tmp_path, text, message):
+    saved = tmp_path / "bad.json"
+    saved.write_text(text)
+    r = _chat(tiny, "hi\n", "--load", str(saved))
+    assert r.exit_code != 0 and message in r.output, r.output
+    assert "internal error" not in r.output
+
+
 def test_a_failed_turn_is_reported_and_the_chat_goes_on(tiny):
     huge = "word " * 2000  # more than the whole window
     r = _chat(tiny, f"{huge}\nHi there\n/nonsense\n")

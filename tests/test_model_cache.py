@@ -233,3 +233,34 @@ def test_parse_size_refuses_with_an_example(text):
 def test_format_size():
     assert format_size(1_500_000_000) == "1.5 GB"
     assert format_size(512) == "512 B"
+
+
+def test_a_budget_below_every_model_is_refused_naming_the_least(monkeypatch):
+    """Issue 33 item 15a: `run serve --max-memory 1MB` was accepted and every model loaded anyway."""
+    from click.testing import CliRunner
+
+    from taskrun.runner.cli import main
+    from taskrun.runner.commands import serve
+
+    monkeypatch.setattr(serve, "smallest_model", lambda: ("tiny-one", 1_990_986))
+    for stub in ("_run", "_set_threads", "_set_budget"):  # a budget that fits: the server would start
+        monkeypatch.setattr(serve, stub, lambda *a: None)
+    r = CliRunner().invoke(main, ["serve", "--max-memory", "1MB"])
+    assert r.exit_code == 2, r.output
+    assert "below the size of every model here; the smallest, tiny-one, takes 2.0 MB" in r.output
+    assert "give at least --max-memory 2MB" in r.output
+    r = CliRunner().invoke(main, ["serve", "--max-memory", "2MB"])
+    assert r.exit_code == 0, r.output
+    assert parse_size("2MB") >= 1_990_986
+
+
+@pytest.mark.real
+def test_a_one_byte_budget_is_refused_with_the_installed_models():
+    from click.testing import CliRunner
+
+    from taskrun.models.resolve import aliases
+    from taskrun.runner.cli import main
+
+    r = CliRunner().invoke(main, ["serve", "--max-memory", "1"])
+    assert r.exit_code == 2 and "below the size of every model here" in r.output, r.output
+    assert any(f"the smallest, {name}, takes" in r.output for name in aliases()), r.output

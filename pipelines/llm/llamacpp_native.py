@@ -298,6 +298,9 @@ def prompt_copy(lib, path: Path, digest: str) -> Path | None:
         ok = lib.llama_model_quantize(str(path).encode(), str(tmp).encode(), ctypes.byref(params)) == 0
         if ok:
             os.replace(tmp, target)
+            from taskrun.models.cache_record import note_written
+
+            note_written(target, cache_dir())
     finally:
         tmp.unlink(missing_ok=True)
     if not ok:

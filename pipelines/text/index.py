@@ -71,6 +71,10 @@ class CorpusIndex:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._open()
+            from taskrun.models.cache_record import note_written
+            from taskrun.models.resolve import cache_dir
+
+            note_written(path, cache_dir())  # in taskrun's cache: `run cache prune --all` may remove it
         except (OSError, sqlite3.OperationalError) as exc:  # a cache that cannot be written
             self.unsaved = _why(exc)
 

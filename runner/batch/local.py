@@ -86,30 +86,79 @@ def pool_window(entries: list[Entry], ctx: Context) -> tuple[list[Finished], lis
     return list(run_window(entries, ctx, rows)), rows
 
 
+POOL_TRIES = 3  # a unit whose worker process dies (kill -9, the OOM killer) runs at most this often
+
+
 def _run_pool(entries: Iterable[Entry], ctx: Context, write, *, log, workers: int) -> None:
+    """Run the units in a pool of processes. A worker killed mid-unit breaks the whole pool: a
+    new pool is started and every unit that was in flight runs again (at most ``POOL_TRIES``
+    times; then its items fail, naming why), so the batch goes on."""
     import multiprocessing
+    from concurrent.futures.process import BrokenProcessPool
 
     from taskrun.pipelines.device import cpu_threads
 
     threads = max(1, cpu_threads() // workers)
-    # spawn: a forked child of a process that has started torch's threads can deadlock.
-    with cf.ProcessPoolExecutor(
-        workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker, initargs=(threads,)
-    ) as pool:
-        inflight: set[cf.Future] = set()
+
+    def new_pool() -> cf.ProcessPoolExecutor:
+        # spawn: a forked child of a process that has started torch's threads can deadlock.
+        return cf.ProcessPoolExecutor(
+            workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker, initargs=(threads,)
+        )
+
+    pool = new_pool()
+    inflight: dict[cf.Future, tuple[list[Entry], int]] = {}
+
+    def submit(unit: list[Entry], tries: int) -> None:
+        inflight[pool.submit(pool_window, unit, ctx)] = (unit, tries)
+
+    def collect(done: Iterable[cf.Future]) -> None:
+        nonlocal pool
+        again: list[tuple[list[Entry], int]] = []
+        for fut in done:
+            unit, tries = inflight.pop(fut)
+            try:
+                finished, rows = fut.result()
+            except BrokenProcessPool:
+                again.append((unit, tries + 1))
+                continue
+            for row in rows:
+                if log is not None:
+                    log.append(row)
+            for fin in finished:
+                write(fin)
+        if not again:
+            return
+        again += [(unit, tries + 1) for unit, tries in inflight.values()]  # the broken pool's others
+        inflight.clear()
+        pool.shutdown(wait=False, cancel_futures=True)
+        pool = new_pool()
+        for unit, tries in again:
+            if tries < POOL_TRIES:
+                submit(unit, tries)
+            else:
+                write(_killed(unit, ctx, tries))
+
+    try:
         for unit in units(entries, ctx.chunk):
-            inflight.add(pool.submit(pool_window, unit, ctx))
-            if len(inflight) >= 2 * workers:  # a bounded queue: the input is not read ahead
-                done, inflight = cf.wait(inflight, return_when=cf.FIRST_COMPLETED)
-                _collect(done, write, log)
-        _collect(cf.as_completed(inflight), write, log)
+            submit(unit, 0)
+            while len(inflight) >= 2 * workers:  # a bounded queue: the input is not read ahead
+                collect(cf.wait(list(inflight), return_when=cf.FIRST_COMPLETED)[0])
+        while inflight:
+            collect(cf.wait(list(inflight), return_when=cf.FIRST_COMPLETED)[0])
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _collect(futures: Iterable[cf.Future], write, log) -> None:
-    for fut in futures:
-        finished, rows = fut.result()
-        for row in rows:
-            if log is not None:
-                log.append(row)
-        for fin in finished:
-            write(fin)
+def _killed(unit: list[Entry], ctx: Context, tries: int):
+    """The failed lines of a unit whose worker process died every time it ran it."""
+    from taskrun.runner.batch.lines import Failure
+    from taskrun.runner.batch.work import Prepared, failed_lines
+
+    why = Failure(
+        f"the worker process running this item died {tries} times (killed, e.g. by the OOM killer, "
+        f"or crashed); run it alone to see why, or give the batch more memory",
+        500,
+        "server_error",
+    )
+    return failed_lines([Prepared(e, failure=why) for e in unit])

@@ -84,10 +84,12 @@ def run_batch(req: Request, *, workers_of: Callable[[str, dict], int]) -> Outcom
         skipped = len(scan.ids & done.keys())
         earlier_failed = sum(1 for i in scan.ids if done.get(i) is False)
         scan.ids = set()
-        if journal.dropped_bytes and not req.quiet:
+        if journal.damaged and not req.quiet:
+            count, first, side = journal.damaged
+            shown = ", ".join(map(str, first)) + (", ..." if count > len(first) else "")
             click.echo(
-                f"resuming: cut a torn last line ({journal.dropped_bytes} bytes) from {req.output}; "
-                f"its item runs again",
+                f"resuming: {count} damaged line(s) of {req.output} (line {shown}; "
+                f"{journal.dropped_bytes} bytes) moved to {side}; their items run again",
                 err=True,
             )
         tally = Tally(total=scan.total - skipped, skipped=skipped)

@@ -2,8 +2,10 @@
 folders, globs and files; each item with a stable id.
 
 The input is read twice, line by line, and never held whole: a first pass (``scan``) checks its
-structure (JSON objects, one format, unique ids) before any model loads, and counts the items for
-the progress bar; the second (``entries``) hands the items out as they are run.
+structure (JSON objects, one format, unique ids) before any model loads, names every bad line in
+one error, and counts the items for the progress bar; the second (``entries``) hands the items out
+as they are run, reading only the bytes the file had at the scan (lines appended meanwhile are
+left for the next run, so no id is run twice).
 
 Ids: an OpenAI line's ``custom_id`` (required, as OpenAI requires it); a taskrun line's ``id``, or
 ``line-N`` when it has none; a file's path relative to the folder it was found in (a glob's or a
@@ -26,6 +28,7 @@ from taskrun.tasks.inputs import sniff
 
 TASKRUN, OPENAI, FILES = "taskrun", "openai", "files"
 OPENAI_KEYS = {"custom_id", "method", "url", "body"}
+SHOWN = 20  # bad input lines listed in one error; the rest are counted
 
 
 @dataclass(frozen=True)
@@ -78,40 +81,74 @@ class JsonlInput:
                 f"{path}: no such file; `run batch` takes a JSONL file, or a task and "
                 f"folders: run batch transcribe recordings/ -o out.jsonl"
             )
+        self.end: int | None = None  # the input's size at scan: what the batch reads
 
-    def _objects(self) -> Iterator[tuple[int, dict]]:
-        with open(self.path, encoding="utf-8-sig") as f:
+    def _objects(self, problems: list[str] | None) -> Iterator[tuple[int, dict]]:
+        """(line number, object) of each job line, within the bytes the input had at ``scan``
+        (lines appended while the batch runs are not read: the ids stay those it checked)."""
+        end = self.end if self.end is not None else os.stat(self.path).st_size
+        pos = 0
+        with open(self.path, "rb") as f:
             for n, raw in enumerate(f, 1):
+                if pos >= end:
+                    return
+                raw, pos = raw[: end - pos], pos + len(raw)
+                if n == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                    raw = raw[3:]
                 if not raw.strip():
                     continue
                 try:
-                    obj = json.loads(raw)
+                    obj = json.loads(raw.decode("utf-8"))
+                except UnicodeDecodeError as exc:
+                    self._bad(
+                        problems, f"{self.path} line {n} is not UTF-8 (byte {exc.start}); fix or remove that line"
+                    )
+                    continue
                 except json.JSONDecodeError as exc:
-                    raise TaskError(
-                        f"{self.path} line {n} is not JSON ({exc.msg}, column {exc.colno}); fix or remove that line"
-                    ) from None
+                    self._bad(
+                        problems,
+                        f"{self.path} line {n} is not JSON ({exc.msg}, column {exc.colno}); fix or remove that line",
+                    )
+                    continue
                 if not isinstance(obj, dict):
-                    raise TaskError(f"{self.path} line {n} is not a JSON object; each line is one job")
+                    self._bad(problems, f"{self.path} line {n} is not a JSON object; each line is one job")
+                    continue
                 yield n, obj
 
-    def entries(self) -> Iterator[Entry]:
+    @staticmethod
+    def _bad(problems: list[str] | None, message: str) -> None:
+        """A bad line: raised at once, or (``scan``) gathered so that all are named in one error."""
+        if problems is None:
+            raise TaskError(message)
+        problems.append(message)
+
+    def entries(self, problems: list[str] | None = None) -> Iterator[Entry]:
         first = None
-        for n, obj in self._objects():
+        for n, obj in self._objects(problems):
             flavour = flavour_of(obj)
             if flavour is None:
-                raise TaskError(
+                self._bad(
+                    problems,
                     f"{self.path} line {n} is neither an OpenAI Batch request "
                     f'({{"custom_id", "method", "url", "body"}}) nor a taskrun job '
-                    f'({{"id", "task", "input", "options", "model"}})'
+                    f'({{"id", "task", "input", "options", "model"}})',
                 )
+                continue
             if first is None:
                 first = (n, flavour)
             elif flavour != first[1]:
-                raise TaskError(
+                self._bad(
+                    problems,
                     f"{self.path} line {n} is {_named(flavour)} but line {first[0]} is "
-                    f"{_named(first[1])}; one file holds one format: split it in two"
+                    f"{_named(first[1])}; one file holds one format: split it in two",
                 )
-            yield Entry(n, self._id(n, obj, flavour), flavour, obj)
+                continue
+            try:
+                item_id = self._id(n, obj, flavour)
+            except TaskError as exc:
+                self._bad(problems, str(exc))
+                continue
+            yield Entry(n, item_id, flavour, obj)
 
     def _id(self, n: int, obj: dict, flavour: str) -> str:
         if flavour == OPENAI:
@@ -130,19 +167,33 @@ class JsonlInput:
         return str(given)
 
     def scan(self) -> Scan:
-        """Check every line before anything loads: JSON objects, one format, unique ids."""
+        """Check every line before anything loads: JSON objects, one format, unique ids. Every
+        bad line is named in one error (the first ``SHOWN``, then how many more), and the input's
+        size is fixed here: ``entries`` reads no further."""
+        self.end = os.stat(self.path).st_size
         seen: dict[str, int] = {}
         tasks: dict[str, int] = {}
+        problems: list[str] = []
         flavour = None
-        for e in self.entries():
+        for e in self.entries(problems):
             if e.id in seen:
-                raise TaskError(
+                problems.append(
                     f"id {e.id!r} is on line {seen[e.id]} and line {e.n} of {self.path}; "
                     f"ids must be unique (they key the output and the resume)"
                 )
+                continue
             seen[e.id] = e.n
             flavour, task = e.flavour, task_of(e) or "?"
             tasks[task] = tasks.get(task, 0) + 1
+        if problems:
+            if len(problems) == 1:
+                raise TaskError(problems[0])
+            more = f"\n  ... and {len(problems) - SHOWN} more" if len(problems) > SHOWN else ""
+            raise TaskError(
+                f"{len(problems)} bad lines in {self.path}; fix them all, then run again:\n  "
+                + "\n  ".join(problems[:SHOWN])
+                + more
+            )
         if flavour is None:
             raise TaskError(f"{self.path} holds no jobs (it is empty)")
         return Scan(flavour, len(seen), tasks, set(seen))

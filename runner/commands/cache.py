@@ -55,12 +55,20 @@ def cache_root() -> Path:
 
 def entries(root: Path) -> list[Entry]:
     """Every entry of the cache folder, known kinds first; anything else as "other"."""
+    from taskrun.models.cache_record import RECORD
+
     found: list[Entry] = []
     for p in sorted(root.iterdir()) if root.is_dir() else []:
+        if p.name.startswith(RECORD):
+            continue
         if p.name in FOLDERS and p.is_dir():
             found += [_entry(root, q) for q in sorted(p.iterdir())]
         else:
             found.append(_entry(root, p))
+    ours = _written(root)
+    for e in found:  # a name taskrun uses is not enough: only what it recorded writing is its own
+        if e.kind != "other" and e.name not in ours and ".tmp" not in e.name:
+            e.kind, e.what = "other", "not recorded as written by taskrun (.taskrun-written): removed only when named"
     sources = _sources(root)
     for e in found:  # converted entries are named by their source's digest: name the source
         key = re.search(r"[0-9a-f]{16,}", e.name)
@@ -68,6 +76,14 @@ def entries(root: Path) -> list[Entry]:
         if src and e.kind != "other":
             e.what += f" (from {src})"
     return found
+
+
+def _written(root: Path) -> set[str]:
+    """The entries taskrun recorded writing; a search index's -wal/-shm files go with it."""
+    from taskrun.models.cache_record import written
+
+    ours = written(root)
+    return ours | {f"{n}{tail}" for n in ours for tail in ("-wal", "-shm", "-journal")}
 
 
 def _entry(root: Path, p: Path) -> Entry:
@@ -192,6 +208,10 @@ def prune_cmd(names, everything, older_than, dry_run, json_mode):
             removed.append(e)
         except OSError as exc:
             failed.append(f"{e.name}: {exc.strerror or exc}")
+    if not dry_run and removed:
+        from taskrun.models.cache_record import forget
+
+        forget(cache_root(), {e.name for e in removed})
     _report(removed, failed, dry_run, json_mode)
     if failed:
         raise click.ClickException(f"{len(failed)} entries could not be removed: {'; '.join(failed)}")

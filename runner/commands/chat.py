@@ -33,6 +33,7 @@ class Chat:
     failed: int = 0
     asked: int = 0
     _llm: object = None
+    _costs: dict = field(default_factory=dict)  # (user turn, assistant turn) → its prompt tokens
 
     def ask(self, text: str) -> None:
         """One turn: fit the history to the window, run the job (streaming), keep the answer."""
@@ -69,13 +70,32 @@ class Chat:
             click.secho(turn_line(rec), err=True, dim=True)
 
     def _fit(self, text: str) -> None:
-        """Drop the oldest turns until the prompt leaves the answer room in the window."""
+        """Drop the oldest turns until the prompt leaves the answer room in the window. Linear in
+        the turns (a --load of thousands): each pair of turns is tokenised once (its cost: what it
+        adds to the prompt, kept between turns), the pairs to drop are found from the newest back
+        by their summed costs, and one full render checks the result."""
         if not self.turns:
             return
         llm = self._engine()
         room = min(self.sampling.get("max_tokens", 256), llm.context // 2)
-        dropped = 0
-        while self.turns and len(llm.prompt_ids(text, self.system, False, "", tuple(self.turns))) + room > llm.context:
+
+        def size(history: tuple) -> int:
+            return len(llm.prompt_ids(text, self.system, False, "", history))
+
+        if size(tuple(self.turns)) + room <= llm.context:
+            return
+        base = size(())
+        pairs = [tuple(self.turns[i : i + 2]) for i in range(0, len(self.turns), 2)]
+        total, keep = base + room, 0
+        for pair in reversed(pairs):
+            if pair not in self._costs:
+                self._costs[pair] = size(pair) - base
+            if total + self._costs[pair] > llm.context:
+                break
+            total, keep = total + self._costs[pair], keep + 1
+        dropped = len(pairs) - keep
+        del self.turns[: 2 * dropped]
+        while self.turns and size(tuple(self.turns)) + room > llm.context:  # a template that adds up otherwise
             del self.turns[:2]
             dropped += 1
         if dropped:
@@ -137,12 +157,23 @@ def load(path: str) -> tuple[str, list[tuple[str, str]]]:
     try:
         body = json.loads(Path(path).read_text(encoding="utf-8"))
         turns = [(t["role"], t["content"]) for t in body["turns"]]
+    except RecursionError:
+        raise TaskError(f"--load {path}: nested too deep to be a conversation saved by /save") from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise TaskError(
             f"--load {path}: not a conversation saved by /save ({exc}); give a file written by /save"
         ) from None
     if any(r not in ("user", "assistant") or not isinstance(t, str) for r, t in turns):
         raise TaskError(f"--load {path}: each turn needs role user or assistant and a text content")
+    for n, (_, t) in enumerate([("", str(body.get("system") or ""))] + turns):
+        try:
+            t.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            where = "the system prompt" if n == 0 else f"turn {n}"
+            raise TaskError(
+                f"--load {path}: {where} holds a lone surrogate ({exc.object[exc.start : exc.end]!r} at "
+                f"character {exc.start}), which no text can carry; fix or remove it"
+            ) from None
     return str(body.get("system") or ""), turns
 
 

@@ -109,7 +109,13 @@ def physical_cores() -> int:
     "--max-memory",
     metavar="SIZE",
     help="Memory budget for loaded models (e.g. 8GB); the least recently used is unloaded "
-    "to make room. Default: no limit.",
+    "to make room; a SIZE below the smallest installed model is refused. Default: no limit.",
+)
+@click.option(
+    "--client-runtimes",
+    is_flag=True,
+    help='Let requests choose a model\'s runtime ("runtime": ...), which may convert the model '
+    "and take its memory on the server. Default: the model's runtime only.",
 )
 @click.option(
     "--corpus",
@@ -171,6 +177,8 @@ def serve_cmd(threads, max_memory, **choices):
         settings, budget = _settings(**choices), parse_size(max_memory)
     except TaskError as exc:
         raise click.UsageError(str(exc)) from None
+    if budget is not None:
+        _check_budget(budget, max_memory)
     _set_threads(threads or physical_cores())
     if budget is not None:
         _set_budget(budget)
@@ -195,6 +203,7 @@ def _settings(
     log_db,
     prompt_cache,
     parallel,
+    client_runtimes=False,
 ):
     """The operator's choices, checked, as the server's Settings (TaskError names a bad one)."""
     from taskrun.runner.serve.settings import Settings, check_exposure, parse_corpora, parse_origins
@@ -219,6 +228,7 @@ def _settings(
         log_db=log_db,
         device=device,
         dtype=dtype,
+        client_runtimes=client_runtimes,
     )
 
 
@@ -232,6 +242,38 @@ def _set_threads(n: int) -> None:
     configure_openmp()
 
 
+def smallest_model() -> tuple[str, int] | None:
+    """The packaged model with the fewest bytes on disk here (name, bytes); None when none is
+    installed. Models joined from parts are not joined for this (they are large ones)."""
+    from taskrun.models.digest import dir_size
+    from taskrun.models.resolve import aliases, locate
+
+    found = []
+    for name, entry in aliases().items():
+        if "join" in entry:
+            continue
+        try:
+            found.append((dir_size(locate(name, offline=True)[0]), name))
+        except (TaskError, OSError):
+            continue
+    return (min(found)[1], min(found)[0]) if found else None
+
+
+def _check_budget(budget: int, given: str) -> None:
+    """A budget no model fits would load every model anyway and thrash: refuse it, naming the
+    least that holds one (a model takes about its size on disk once loaded)."""
+    from taskrun.models.sizes import format_size
+
+    smallest = smallest_model()
+    if smallest and budget < smallest[1]:
+        name, size = smallest
+        raise click.UsageError(
+            f"--max-memory {given} is below the size of every model here; the smallest, {name}, "
+            f"takes {format_size(size)}: give at least --max-memory {-(-size // 10**6)}MB, "
+            f"or leave it out for no limit"
+        )
+
+
 def _set_budget(budget: int) -> None:
     from taskrun import pipelines
 
@@ -243,6 +285,10 @@ def _set_budget(budget: int) -> None:
 
 def _run(settings) -> None:
     import uvicorn
+
+    from taskrun.runner.serve.sweep import sweep_uploads
+
+    sweep_uploads()  # what servers killed with -9 left in the temp folder
 
     from taskrun.runner.serve.app import create_app
     from taskrun.runner.serve.connections import guarded_protocol, raise_open_files

@@ -110,6 +110,8 @@ class Service:
         cancels it. Raises APIError (404, 400, 503) before anything runs."""
         model = await self.model_for(spec)
         spec.model = model
+        if spec.runtime and not self.settings.client_runtimes:
+            self._check_runtime(spec)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue | None = asyncio.Queue() if stream else None
         worker = self.workers.get(model)
@@ -142,6 +144,24 @@ class Service:
             return (spec.runtime or self.catalogue.card(model).runtime) == "llama.cpp"
         except (TaskError, APIError):
             return False
+
+    def _check_runtime(self, spec: JobSpec) -> None:
+        """Runtimes are the operator's choice: a client naming another one than the model's (a
+        conversion and its memory on the server: transformers for a GGUF) is refused unless the
+        server was started with --client-runtimes."""
+        from taskrun.tasks.wire.errors import invalid
+
+        try:
+            card = self.catalogue.card(spec.model)
+        except TaskError:
+            return  # an unknown model is refused where it is looked up
+        if spec.runtime != card.runtime:
+            raise invalid(
+                "runtime",
+                f'"runtime": {spec.runtime!r} is not this server\'s choice for {card.name} (it runs '
+                f"{card.runtime}); leave the field out, or ask the operator to start the server with "
+                f"--client-runtimes",
+            )
 
     async def _execute(self, worker, job: ServerJob, model: str, batched: bool = False):
         task = job.spec.task

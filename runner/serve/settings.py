@@ -34,6 +34,7 @@ class Settings:
     dtype: str = "auto"
     read_timeout_s: float = 10.0  # whole headers, and the longest pause in a body (runner/serve/connections.py)
     max_connections: int = 2048  # open at once; beyond, the longest-stalled one is closed
+    client_runtimes: bool = False  # whether a request's "runtime" may differ from the model's
 
 
 def is_loopback(host: str) -> bool:

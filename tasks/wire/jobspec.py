@@ -45,7 +45,8 @@ class Uploads:
     ``close``. Use as a context manager around the job."""
 
     def __init__(self) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="taskrun-upload-"))
+        # The pid in the name: a server that starts sweeps the folders of dead ones (kill -9).
+        self.dir = Path(tempfile.mkdtemp(prefix=f"taskrun-upload-{os.getpid()}-"))
         os.chmod(self.dir, 0o700)
         self._n = 0
 
