@@ -67,3 +67,18 @@ def test_a_remote_cut_names_the_limit_the_user_set(servers):
     assert out.returncode == 0, out.stderr
     assert "[cut: stopped at the 5-token limit" in out.stdout + out.stderr
     assert "0-token" not in out.stdout + out.stderr
+
+
+def test_operator_flags_in_errors_are_run_serve_options():
+    """Flags an error leaves as flags (the operator's to set) must be real `run serve` options."""
+    import click
+
+    from taskrun.runner.cli import main
+    from taskrun.tasks.wire.errors import OPERATOR_FLAGS, public_text
+
+    serve = main.get_command(click.Context(main), "serve")
+    options = {o.lstrip("-") for p in serve.params for o in p.opts}
+    assert OPERATOR_FLAGS <= options
+    assert public_text("ask the operator for --client-runtimes, or lower --max-tokens") == (
+        "ask the operator for --client-runtimes, or lower 'max_tokens'"
+    )

@@ -88,7 +88,11 @@ def invalid(field: str, message: str) -> APIError:
 # --------------------------------------------------------------------------- what an HTTP client reads
 
 _FLAG = re.compile(r"(?<![\w-])(?:run [a-z]+ )?--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)")
-_UPLOAD = re.compile(r"[^\s'\"`(]*taskrun-upload-[A-Za-z0-9_]+/(?:\d{4}-)?")
+# `run serve` options an error may tell a client to ask the operator for: they stay flags
+OPERATOR_FLAGS = frozenset(
+    {"client-runtimes", "allowed-origins", "max-body-mb", "max-queue", "max-memory", "api-key", "parallel"}
+)
+_UPLOAD = re.compile(r"[^\s'\"`(]*taskrun-upload-[A-Za-z0-9_-]+/(?:\d{4}-)?")
 
 
 def public(err: APIError, corpora: dict[str, str] | None = None) -> APIError:
@@ -106,4 +110,6 @@ def public_text(text: str, corpora: dict[str, str] | None = None) -> str:
     text = _UPLOAD.sub("", text)
     if sys.prefix and len(sys.prefix) > 1:
         text = text.replace(sys.prefix, "<server>")
-    return _FLAG.sub(lambda m: "'" + m.group(1).replace("-", "_") + "'", text)
+    return _FLAG.sub(
+        lambda m: m.group(0) if m.group(1) in OPERATOR_FLAGS else "'" + m.group(1).replace("-", "_") + "'", text
+    )
