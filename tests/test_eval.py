@@ -38,6 +38,8 @@ def case(**checks):
         ({"number": 3.14, "tolerance": 0.01}, "about 3.141", True),
         ({"number": 1000}, "1,000", True),
         ({"number": 7}, "six", False),
+        ({"number": 12}, "144 divided by 12 is 1.44", False),  # seen from smollm2: the question's 12 echoed
+        ({"number": 42}, "17 + 25 = 42.", True),
         ({"choices": ["positive", "negative"], "label": "negative"}, "Negative.", True),
         ({"choices": ["positive", "negative"], "label": "negative"}, "positive", False),
         ({"json_schema": {"type": "object", "required": ["a"]}}, 'Here: {"a": 1}', True),
