@@ -19,6 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 from taskrun.tasks.base import TaskError
 
 RETRY_STATUS = {429, 500, 502, 503, 504}
+_DIGESTS: dict[tuple, str] = {}  # (api, url, model) -> digest, listed once per process
 
 
 def safe_url(url: str) -> str:
@@ -104,6 +105,7 @@ class Endpoint:
         for attempt in range(self.max_retries + 1):
             try:
                 self._stream(httpx, messages, max_tokens, temperature, seed, stop, reply, on_text)
+                reply.digest = self.digest(reply.model or self.model)
                 return reply
             except _Retryable as exc:
                 if attempt == self.max_retries:
@@ -111,6 +113,27 @@ class Endpoint:
                 reply.retries += 1
                 time.sleep(min(0.25 * 2**attempt, 2.0))
         return reply
+
+    def digest(self, model: str) -> str:
+        """The model's digest as the endpoint lists it (Ollama /api/tags, an OpenAI /v1/models entry
+        with a ``digest`` field, as `run serve` gives), asked once per endpoint; "" where none."""
+        key = (self.api, self.url, model)
+        if key not in _DIGESTS:
+            import httpx
+
+            path = self.url + ("/api/tags" if self.api == "ollama" else "/models")
+            found = ""
+            try:
+                r = httpx.get(path, headers=self._headers(), timeout=min(self.timeout_s, 10.0))
+                rows = r.json().get("models" if self.api == "ollama" else "data") or [] if r.status_code == 200 else []
+                for row in rows:
+                    if model in (row.get("name"), row.get("model"), row.get("id")) and row.get("digest"):
+                        found = str(row["digest"])
+                        break
+            except (httpx.HTTPError, ValueError, AttributeError):
+                pass  # a listing is optional: the run log then holds no digest
+            _DIGESTS[key] = found
+        return _DIGESTS[key]
 
     def _stream(self, httpx, messages, max_tokens, temperature, seed, stop, reply, on_text) -> None:
         if self.api == "ollama":

@@ -106,7 +106,7 @@ def _endpoint(case: Case, setup: Setup, a: Attempt, eval_id: str, seed, log) -> 
     from taskrun.pipelines.llm.endpoint_client import Endpoint, safe_url
     from taskrun.runner.jobs import JobRecord, new_id
     from taskrun.runner.runlog.rows import log_row
-    from taskrun.tasks.generate import Generation, Metrics
+    from taskrun.tasks.generate import Generation
 
     ep = Endpoint.from_spec(setup.endpoint, setup.api_key_env)
     options = _options(setup, case, seed)
@@ -142,15 +142,7 @@ def _endpoint(case: Case, setup: Setup, a: Attempt, eval_id: str, seed, log) -> 
         seed=seed or 0,
     )
     rec.items.append(ev.Item(0, f"case {case.id}", g))
-    tail = reply.total_s - (reply.ttft_s or 0)
-    rec.metrics = Metrics(
-        input_tokens=g.input_tokens,
-        output_tokens=g.output_tokens,
-        ttft_s=reply.ttft_s or 0.0,
-        prefill_s=float(reply.server.get("prompt_eval_s", 0.0)),
-        decode_tokens_per_s=(g.output_tokens - 1) / tail if tail > 0 and g.output_tokens > 1 else 0.0,
-        finish_reason=g.finish_reason,
-    )
+    rec.metrics = _metrics(reply, g)
     rec.wall_s, rec.status = reply.total_s, "ok"
     rec.notes.append(
         f"endpoint {safe_url(ep.url)}; ttft_s at this client; server reported {reply.server or 'nothing'}; retries {reply.retries}"
@@ -164,6 +156,21 @@ def _endpoint(case: Case, setup: Setup, a: Attempt, eval_id: str, seed, log) -> 
         g.output_tokens,
         reply.ttft_s,
         reply.total_s,
+    )
+
+
+def _metrics(reply, g):
+    """The row's metrics from an endpoint's reply: TTFT at this client, decode rate after it."""
+    from taskrun.tasks.generate import Metrics
+
+    tail = reply.total_s - (reply.ttft_s or 0)
+    return Metrics(
+        input_tokens=g.input_tokens,
+        output_tokens=g.output_tokens,
+        ttft_s=reply.ttft_s or 0.0,
+        prefill_s=float(reply.server.get("prompt_eval_s", 0.0)),
+        decode_tokens_per_s=(g.output_tokens - 1) / tail if tail > 0 and g.output_tokens > 1 else 0.0,
+        finish_reason=g.finish_reason,
     )
 
 

@@ -3,7 +3,7 @@
 A case: ``id``, ``prompt`` (or ``messages``: a list of {role, content}), optional ``system``, and
 one or more checks: ``contains`` / ``not_contains`` (a text or a list; ``match = "all"`` (default)
 or ``"any"``), ``regex``, ``equals`` (after normalisation: case, surrounding whitespace and
-punctuation, inner runs of spaces), ``number`` (with ``tolerance``, absolute), ``json_schema``
+punctuation, inner runs of spaces), ``number`` (the answer's last number, within ``tolerance``, absolute), ``json_schema``
 (the answer, or its first {...} or [...] block, must parse and validate), ``choices`` (the answer,
 normalised, is one of a label set; ``label`` names the right one), ``judge`` (embedding cosine
 similarity to ``reference`` at least ``threshold``). Every check given must pass.
@@ -128,8 +128,12 @@ def check(case: Case, answer: str, judge=None) -> tuple[bool, str]:
     if "number" in c:
         nums = [float(n.replace(",", "")) for n in NUMBER.findall(answer)]
         tol = float(c.get("tolerance", 0))
-        if not any(abs(n - float(c["number"])) <= tol for n in nums):
-            return False, f"no number within {tol:g} of {c['number']}"
+        # the answer's last number: "144 divided by 12 is 1.44" echoes the question's 12 first
+        if not nums or abs(nums[-1] - float(c["number"])) > tol:
+            return (
+                False,
+                f"the last number, {nums[-1]:g}, is not within {tol:g} of {c['number']}" if nums else "no number",
+            )
     if "choices" in c:
         got = normalise(answer)
         labels = {normalise(x): x for x in c["choices"]}

@@ -26,7 +26,14 @@ import tomllib
 from taskrun.tasks.base import TaskError
 
 # generate's options a setup may set; the rest (the prompt, system, history) come from the case
-OPTION_TYPES = {"max_tokens": int, "temperature": float, "top_p": float, "top_k": int, "repeat_penalty": float}
+OPTION_TYPES = {
+    "stop": lambda v: (v,),  # one stop text
+    "max_tokens": int,
+    "temperature": float,
+    "top_p": float,
+    "top_k": int,
+    "repeat_penalty": float,
+}
 SETUP_KEYS = {"name", "model", "endpoint", "runtime", "api_key_env", "price_in", "price_out", "price_hour", "options"}
 
 
@@ -86,7 +93,7 @@ def parse_setup(text: str) -> list[Setup]:
         api, url, model = parse_spec(head)
         if "@" in url.split("//", 1)[-1]:
             raise TaskError(f"setup {safe_url(url)}: no credentials in the URL; name a variable with api_key_env=VAR")
-        return [Setup(name=head, endpoint=f"{api}:{url}#{model}", api_key_env=key_env, options=opts)]
+        return [Setup(name=text, endpoint=f"{api}:{url}#{model}", api_key_env=key_env, options=opts)]
     return [Setup(name=text, model=head, runtime=runtime, options=opts)]
 
 
