@@ -317,7 +317,7 @@ def test_image_jobs_write_their_pngs_named_by_id(tiny_dir, tmp_path):
         [f] for f in files
     ]
     assert all(Path(f).read_bytes().startswith(b"\x89PNG") for f in files)
-    assert lines["big"]["status"] == "failed" and "--size" in lines["big"]["error"]
+    assert lines["big"]["status"] == "failed" and "size 100000x100000" in lines["big"]["error"]  # its JSONL field
 
 
 def test_openai_audio_lines_read_files_by_path(whisper, tiny_dir, tmp_path):
