@@ -96,7 +96,9 @@ def test_a_bad_option_raises_task_error_naming_the_fix_and_is_logged(llm):
         taskrun.run("generate", "hi", model=llm, max_new_tokens=5)
     with pytest.raises(taskrun.TaskError, match="temperature"):
         taskrun.run("generate", "hi", model=llm, temperature=-1.0)
-    assert [r["status"] for r in rows()] == ["failed", "failed"]
+    with pytest.raises(taskrun.TaskError, match="unknown option max_new_tokens"):  # raised from the loop
+        list(taskrun.stream("generate", "hi", model=llm, max_new_tokens=5))
+    assert [r["status"] for r in rows()] == ["failed", "failed", "failed"]
     with pytest.raises(taskrun.TaskError, match="no task named 'transcrib'"):
         taskrun.run("transcrib", "x.wav")
     with pytest.raises(taskrun.TaskError, match="pass a text, a path"):
