@@ -71,6 +71,24 @@ def aliases() -> dict[str, dict]:
     return load_config().get("models", {})
 
 
+def task_catalogue() -> list[dict]:
+    """What `run tasks --json` (and ``taskrun.tasks()``) lists: each task's description, its
+    default models and where they come from."""
+    from taskrun.tasks import REGISTRY
+
+    defaults = load_config().get("defaults", {})
+    rows = []
+    for name, task in REGISTRY.items():
+        d = task.describe()
+        d["default_models"] = {k: v for k, v in defaults.items() if k == name or k.startswith(name + ":")}
+        d["default_sources"] = {
+            v: aliases().get(v, {}).get("pip") or aliases().get(v, {}).get("hub", "")
+            for v in d["default_models"].values()
+        }
+        rows.append(d)
+    return rows
+
+
 # --------------------------------------------------------------------------- architectures
 
 

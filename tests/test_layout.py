@@ -25,9 +25,9 @@ LAYERS = ["tasks", "models", "pipelines", "runner"]  # lowest first
 # The front doors inside runner/: none may import another (the wire formats they share live in
 # tasks/wire/, the job runner and output in runner/'s shared modules). commands/ and cli.py are
 # the click layer over all of them.
-DOORS = {"serve", "batch", "remote", "chains", "bench", "eval"}
+DOORS = {"serve", "batch", "remote", "chains", "bench", "eval", "api"}
 RUNNER_SHARED = ["__init__.py", "cli.py", "inputs.py", "jobs.py", "signals.py"]
-RUNNER_PACKAGES = ["batch", "bench", "chains", "commands", "eval", "output", "remote", "runlog", "serve"]
+RUNNER_PACKAGES = ["api", "batch", "bench", "chains", "commands", "eval", "output", "remote", "runlog", "serve"]
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 
@@ -41,6 +41,9 @@ def modules(root: Path) -> dict[str, Path]:
             if parts[-1] == "__init__":
                 parts.pop()
             out[".".join(["taskrun", *parts])] = f
+    top = root / "taskrun" / "__init__.py"  # the package's names (the Python API), above every layer
+    if top.exists():
+        out["taskrun"] = top
     return out
 
 
@@ -71,6 +74,8 @@ def graph(root: Path) -> dict[str, set[str]]:
 
 
 def layer(module: str) -> int:
+    if module == "taskrun":
+        return len(LAYERS)
     top = module.split(".")[1]
     return LAYERS.index(top) if top in LAYERS else -1  # configs holds data: the bottom
 
@@ -176,6 +181,26 @@ def test_runner_holds_the_cli_its_shared_modules_and_packages_by_concern():
         assert doc and len(doc) > 40, f"runner/{pkg}/__init__.py needs a docstring saying what it owns"
 
 
+def test_the_python_api_is_a_thin_door_and_import_taskrun_loads_nothing():
+    g = graph(ROOT)
+    used = set().union(*(ts for m, ts in g.items() if m.startswith("taskrun.runner.api")))
+    outside = {t for t in used if not t.startswith("taskrun.runner.api")}
+    # The job runner, the inputs and the run log, the tasks' contract, and for load() the model
+    # resolution and the cache: no pipeline code, no other door, no click.
+    assert outside <= {
+        "taskrun.runner.jobs",
+        "taskrun.runner.inputs",
+        "taskrun.runner.runlog.store",
+        "taskrun.tasks",
+        "taskrun.tasks.base",
+        "taskrun.models.resolve",
+        "taskrun.pipelines",
+    }, sorted(outside)
+    # Its names load on first use, inside functions, so `import taskrun` stays cheap
+    # (tests/test_python_api.py checks that it loads no other module).
+    assert g["taskrun"] <= {"taskrun.runner.api"}
+
+
 def test_modules_and_functions_stay_small():
     long_modules, long_functions = [], []
     for name, path in modules(ROOT).items():
@@ -240,7 +265,7 @@ def test_the_wheel_installs_one_import_name(wheel):
 
 def test_the_wheel_holds_every_module_and_data_file(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
-    expected = {"taskrun/" + str(p.relative_to(ROOT)) for p in modules(ROOT).values()}
+    expected = {"taskrun/" + str(p.relative_to(ROOT)).removeprefix("taskrun/") for p in modules(ROOT).values()}
     expected |= {
         "taskrun/configs/models.toml",
         "taskrun/configs/chains/meeting-notes.toml",

@@ -15,19 +15,9 @@ from taskrun.tasks.base import TaskError
 @click.option("--json", "json_mode", is_flag=True, help="Print the registry as JSON.")
 def tasks_cmd(json_mode):
     """What each task takes, returns and measures, and its default model: pick the task first."""
-    from taskrun.models.resolve import aliases, load_config
-    from taskrun.tasks import REGISTRY
+    from taskrun.models.resolve import task_catalogue
 
-    defaults = load_config().get("defaults", {})
-    rows = []
-    for name, task in REGISTRY.items():
-        d = task.describe()
-        d["default_models"] = {k: v for k, v in defaults.items() if k == name or k.startswith(name + ":")}
-        d["default_sources"] = {
-            v: aliases().get(v, {}).get("pip") or aliases().get(v, {}).get("hub", "")
-            for v in d["default_models"].values()
-        }
-        rows.append(d)
+    rows = task_catalogue()
     if json_mode:
         print_json(rows)
         return
