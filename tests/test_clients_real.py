@@ -188,3 +188,20 @@ def test_llm_with_extra_openai_models_yaml(url, reference, tmp_path):
     # llm's YAML declares chat models only: `llm embed` knows OpenAI's embedding names alone
     done = llm_cli(home, "embed", "-m", EMBED, "-c", "hi")
     assert done.returncode != 0 and "embedding model" in done.stderr
+
+
+def test_ollama_tags_and_show_say_size_quantisation_template_and_window(litellm, url, monkeypatch):
+    import ollama
+
+    client = ollama.Client(host=url, timeout=60)
+    listed = {m.model: m.details for m in client.list().models}
+    if "tiny-gguf" in listed:  # llama-cpp-python installed: a GGUF's header gives both
+        assert (listed["tiny-gguf"].parameter_size, listed["tiny-gguf"].quantization_level) == ("31K", "F32")
+        shown = client.show("tiny-gguf")
+        assert shown.details.parameter_size == "31K" and "<|im_start|>" in shown.template
+        assert shown.modelinfo["llama.context_length"] == 512
+    shown = client.show("tiny-llama:latest")
+    assert "<|im_start|>" in shown.template and shown.modelinfo["llama.context_length"] == 512
+    # litellm reads its context window (and tool support) from /api/show
+    monkeypatch.setenv("OLLAMA_API_BASE", url)
+    assert litellm.get_model_info(f"ollama/{CHAT}")["max_input_tokens"] == 512
