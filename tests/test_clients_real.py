@@ -205,3 +205,15 @@ def test_ollama_tags_and_show_say_size_quantisation_template_and_window(litellm,
     # litellm reads its context window (and tool support) from /api/show
     monkeypatch.setenv("OLLAMA_API_BASE", url)
     assert litellm.get_model_info(f"ollama/{CHAT}")["max_input_tokens"] == 512
+
+
+def test_chat_info_reads_tokenizer_config_and_says_nothing_where_there_is_nothing(tmp_path):
+    from taskrun.models.chat_info import chat_info
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", "max_position_embeddings": 32768}))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ tools }}"}))
+    assert chat_info(str(tmp_path)) == {"family": "qwen2", "template": "{{ tools }}", "context_length": 32768}
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert chat_info(str(empty)) == {"family": "", "template": "", "context_length": 0}
+    assert chat_info(str(tmp_path / "gone.gguf"))["template"] == ""
