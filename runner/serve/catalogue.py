@@ -31,6 +31,7 @@ class Catalogue:
             return self._rows
 
     def _list(self) -> list[dict]:
+        from taskrun.models.provenance import describe
         from taskrun.models.resolve import list_models, resolve
 
         rows = [r for r in list_models(offline=True) if r["available"]]
@@ -52,6 +53,7 @@ class Catalogue:
                         "source": card.source,
                         "format": card.format,
                         "description": "",
+                        **describe({}, card.path),  # parameters, quantisation from a GGUF's header
                     }
                 )
         for r in rows:

@@ -29,8 +29,11 @@ def register(app: FastAPI, service) -> None:
 
     @app.post("/api/show")
     async def show(request: Request):
+        from taskrun.models.chat_info import chat_info
+
         body = await json_body(request)
-        return info.show_body(info.find(await asyncio.to_thread(service.catalogue.rows), body))
+        row = info.find(await asyncio.to_thread(service.catalogue.rows), body)
+        return info.show_body(row, await asyncio.to_thread(chat_info, row["path"]))
 
     @app.get("/api/ps")
     async def ps():

@@ -21,6 +21,7 @@ from taskrun.tasks.wire import tools as tool_calls
 from taskrun.tasks.wire.errors import invalid, unsupported
 from taskrun.tasks.wire.fields import MAX_INPUTS, MAX_TEXT_CHARS, check_fields, model_of, text_of, typed
 from taskrun.tasks.wire.jobspec import JobSpec, Uploads
+from taskrun.tasks.wire.ollama_info import details
 from taskrun.tasks.wire.openai_api import chat_messages
 from taskrun.tasks.wire.openai_out import finish_reason
 
@@ -279,14 +280,7 @@ def tags_body(rows: list[dict]) -> dict:
                 "modified_at": modified,
                 "size": r["size_bytes"],
                 "digest": r["digest"].removeprefix("sha256:"),
-                "details": {
-                    "format": r.get("format", ""),
-                    "family": r.get("architecture", ""),
-                    "families": [r.get("architecture", "")],
-                    "parameter_size": "",
-                    "quantization_level": "",
-                    "tasks": r["tasks"],
-                },
+                "details": {**details(r), "tasks": r["tasks"]},
             }
         )
     return {"models": models}

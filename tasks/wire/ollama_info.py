@@ -33,19 +33,26 @@ def details(row: dict) -> dict:
         "format": row.get("format", ""),
         "family": row.get("architecture", ""),
         "families": [row.get("architecture", "")],
-        "parameter_size": row.get("parameter_size", ""),
-        "quantization_level": row.get("quantization_level", ""),
+        # `run models`' columns (models.toml's keys, else the GGUF header): models/provenance.py
+        "parameter_size": row.get("parameters", ""),
+        "quantization_level": row.get("quantisation", ""),
     }
 
 
-def show_body(row: dict) -> dict:
+def show_body(row: dict, chat: dict | None = None) -> dict:
+    """``chat``: the model's ``family``, chat ``template`` and ``context_length`` where it has
+    them (models/chat_info.py); the template is the model's own (Jinja), not a Go template."""
     caps = sorted({CAPABILITIES[t] for t in row["tasks"] if t in CAPABILITIES})
+    chat = chat or {}
+    model_info: dict = {"general.architecture": chat.get("family") or row.get("architecture", "")}
+    if chat.get("context_length"):
+        model_info[f"{model_info['general.architecture']}.context_length"] = chat["context_length"]
     return {
         "modelfile": f"FROM {row['name']}\n",
         "parameters": "",
-        "template": row.get("template", ""),
+        "template": chat.get("template", ""),
         "details": details(row),
-        "model_info": {"general.architecture": row.get("architecture", "")},
+        "model_info": model_info,
         "capabilities": caps,
         "modified_at": datetime.fromtimestamp(row.get("created", 0), timezone.utc).isoformat().replace("+00:00", "Z"),
     }
