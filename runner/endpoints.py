@@ -54,7 +54,9 @@ def _note(ep, reply) -> str:
     )
 
 
-def generate_job(ep, messages: list[dict], options, *, prompt: str, log, chain_id=None, stage=None, on_text=None):
+def generate_job(
+    ep, messages: list[dict], options, *, prompt: str, log, source="prompt", chain_id=None, stage=None, on_text=None
+):
     """One generate job on ``ep`` → (JobRecord, Reply); the row is appended to ``log``. A failed
     request is logged as a failed row, then raised (its message names the endpoint)."""
     from taskrun.runner.runlog.rows import log_row
@@ -83,7 +85,7 @@ def generate_job(ep, messages: list[dict], options, *, prompt: str, log, chain_i
         output_tokens=reply.output_tokens,
         seed=seed or 0,
     )
-    rec.items.append(ev.Item(0, "prompt", g))
+    rec.items.append(ev.Item(0, source, g))
     rec.metrics = generate_metrics(reply, g)
     rec.wall_s, rec.status = reply.total_s, "ok"
     rec.notes.append(_note(ep, reply))

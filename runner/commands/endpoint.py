@@ -100,7 +100,13 @@ def _generate_one(task, ep, item: Input, options, log, fmt, common, json_mode) -
     printer = _printer(task, options, fmt, common, json_mode)
     prompt = item.text or ""
     rec, _ = generate_job(
-        ep, messages_of(options, prompt), options, prompt=prompt, log=log, on_text=lambda t: printer(ev.Token(t, 0))
+        ep,
+        messages_of(options, prompt),
+        options,
+        prompt=prompt,
+        log=log,
+        source=item.source,
+        on_text=lambda t: printer(ev.Token(t, 0)),
     )
     g = rec.results[0]
     if options.price_in or options.price_out:

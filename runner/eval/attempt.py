@@ -106,7 +106,14 @@ def _endpoint(case: Case, setup: Setup, a: Attempt, eval_id: str, seed, log) -> 
 
     ep = Endpoint.from_spec(setup.endpoint, setup.api_key_env)
     rec, reply = generate_job(
-        ep, case.messages, _options(setup, case, seed), prompt=case.prompt, log=log, chain_id=eval_id, stage=a.n
+        ep,
+        case.messages,
+        _options(setup, case, seed),
+        prompt=case.prompt,
+        log=log,
+        source=f"case {case.id}",
+        chain_id=eval_id,
+        stage=a.n,
     )
     g = rec.items[0].result
     a.row_id, a.text, a.finish_reason, a.retries = rec.id, reply.text, g.finish_reason, reply.retries
