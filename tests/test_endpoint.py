@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
@@ -16,6 +14,7 @@ from click.testing import CliRunner
 
 from taskrun.runner.cli import main
 from taskrun.runner.runlog.store import RunLog
+from tests.fake_openai import fake_server
 
 KEY = "sk-endpoint-secret-51c2"
 PROMPT = "Name a colour."
@@ -98,77 +97,31 @@ def test_chat_on_an_endpoint_keeps_the_conversation(served, tmp_path):
 # --------------------------------------------------------------------------- failures
 
 
-class Flaky(BaseHTTPRequestHandler):
-    """An OpenAI-compatible server that answers ``fails`` times with ``status``, then streams "ok"."""
-
-    fails, status, seen = 2, 429, 0
-
-    def do_POST(self):
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        type(self).seen += 1
-        if type(self).seen <= type(self).fails:
-            self.send_response(type(self).status)
-            self.send_header("Retry-After", "0")
-            self.end_headers()
-            return
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.end_headers()
-        for chunk in (
-            {"model": "flaky-1", "choices": [{"delta": {"content": "the final "}}]},
-            {"model": "flaky-1", "choices": [{"delta": {"content": "answer"}, "finish_reason": "stop"}]},
-            {"model": "flaky-1", "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2}},
-        ):
-            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-        self.wfile.write(b"data: [DONE]\n\n")
-
-    def do_GET(self):
-        self.send_response(404)
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def flaky():
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Flaky)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield httpd, f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-
-
 @pytest.mark.parametrize("status", [429, 503])
-def test_retries_are_counted_and_the_final_answer_shown(flaky, status, tmp_path):
-    httpd, url = flaky
-    Flaky.fails, Flaky.status, Flaky.seen = 2, status, 0
+def test_retries_are_counted_and_the_final_answer_shown(status, tmp_path):
     db = tmp_path / "runs.db"
-    r = run(tmp_path / "none.toml", "generate", "hi", "--endpoint", url, "--model", "flaky", "--json", log_db=db)
+    with fake_server(fails=2, status=status) as (url, fake):
+        r = run(tmp_path / "none.toml", "generate", "hi", "--endpoint", url, "--model", "flaky", "--json", log_db=db)
     out = json.loads(r.stdout)
-    assert out["items"][0]["result"]["text"] == "the final answer" and Flaky.seen == 3
+    assert out["items"][0]["result"]["text"] == "the final answer" and fake.seen == 3
     row = RunLog(str(db)).recent(1)[0]
-    assert "retries 2" in " ".join(row["notes"]) and row["model"] == "flaky-1"
+    assert "retries 2" in " ".join(row["notes"]) and row["model"] == "fake-1"
     assert row["model_path"] == url and row["status"] == "ok"
 
 
-def test_too_many_failures_name_the_endpoint_and_the_retries(flaky, tmp_path):
-    httpd, url = flaky
-    Flaky.fails, Flaky.status, Flaky.seen = 9, 503, 0
-    r = run(
-        tmp_path / "none.toml",
-        "generate",
-        "hi",
-        "--endpoint",
-        url,
-        "--model",
-        "flaky",
-        code=1,
-        log_db=tmp_path / "r.db",
-    )
+def test_too_many_failures_name_the_endpoint_and_the_retries(tmp_path):
+    with fake_server(fails=9, status=503) as (url, fake):
+        r = run(
+            tmp_path / "none.toml",
+            "generate",
+            "hi",
+            "--endpoint",
+            url,
+            "--model",
+            "flaky",
+            code=1,
+            log_db=tmp_path / "r.db",
+        )
     assert f"endpoint openai:{url}#flaky: HTTP 503 (after 2 retries)" in r.output
     assert RunLog(str(tmp_path / "r.db")).recent(1)[0]["status"] == "failed"
 

@@ -57,6 +57,12 @@ def eval_cmd(cases_file, setups, attempts, concurrency, seed, min_accept, judge_
         judge = make_judge(judge_model)
     chosen = [s for text in setups for s in parse_setup(text)]
     eval_id = "eval-" + new_id()
+    if concurrency > 1 and any(not s.endpoint for s in chosen):
+        click.secho(
+            f"note: --concurrency {concurrency} applies to endpoint setups; local setups answer one case at a time",
+            err=True,
+            fg="yellow",
+        )
     click.echo(f"eval {eval_id}: {len(cases)} cases x {len(chosen)} setups", err=True)
 
     def progress(setup, case, tries):
