@@ -333,18 +333,31 @@ _LOCAL = (
 )
 
 
+ENDPOINT_TASKS = ("generate", "embed")  # the tasks `--endpoint URL` runs (runner/commands/endpoint.py)
+ENDPOINT_OPTIONS = ("endpoint", "endpoint_kind", "api_key_env")
+
+
 def task_command(task: Task) -> click.Command:
     params: list[click.Parameter] = [click.Argument(["inputs"], nargs=-1)]
     params += _option_params(task.Options) + _common_params(task)
     extra = getattr(task, "cli_params", None)
     if extra:
         params += extra()
+    if task.name in ENDPOINT_TASKS:
+        from taskrun.runner.commands.endpoint import endpoint_params
+
+        params += endpoint_params()
 
     def callback(inputs, **kw):
         common = {k: kw.pop(k) for k in _COMMON}
         handled = {p.name for p in (extra() if extra else [])} | {"then"}
         extras = {k: kw.pop(k) for k in list(kw) if k in handled}
+        endpoint = {k: kw.pop(k) for k in ENDPOINT_OPTIONS if k in kw}
         values = dict(kw)  # the task's own options
+        if endpoint.get("endpoint"):  # the job runs on an OpenAI-/Ollama-compatible server
+            from taskrun.runner.commands.endpoint import execute_endpoint
+
+            return execute_endpoint(task, inputs=inputs, values=values, common=common, extras=extras, **endpoint)
         if common["server"] and not extras.get("then"):  # imports neither torch nor the chain engine: starts fast
             from taskrun.runner.remote.client import execute_remote
 

@@ -63,6 +63,17 @@ class Reply:
 
 
 @dataclass
+class Embeddings:
+    vectors: list = field(default_factory=list)  # one list of floats per text, in order
+    input_tokens: int = 0  # as the server reported them (0 where it does not)
+    total_s: float = 0.0  # at this client: request sent → answer read
+    retries: int = 0
+    model: str = ""
+    digest: str = ""
+    server: dict = field(default_factory=dict)
+
+
+@dataclass
 class Endpoint:
     api: str  # openai | ollama
     url: str  # base: http://host:port/v1 (OpenAI) or http://host:11434 (Ollama)
@@ -74,6 +85,24 @@ class Endpoint:
     @classmethod
     def from_spec(cls, spec: str, api_key_env: str = "", **kw) -> Endpoint:
         api, url, model = parse_spec(spec)
+        return cls(api, url, model, api_key_env, **kw)
+
+    @classmethod
+    def from_url(cls, url: str, model: str, kind: str = "", api_key_env: str = "", **kw) -> Endpoint:
+        """``--endpoint URL --model NAME [--endpoint-kind openai|ollama]``: without a kind, a URL
+        whose path ends in /v1 is OpenAI-compatible, anything else Ollama's native API."""
+        if not url.startswith(("http://", "https://")):
+            raise TaskError(
+                f"--endpoint {safe_url(url)!r}: give a URL such as http://127.0.0.1:11434 or https://HOST/v1"
+            )
+        if "@" in url.split("//", 1)[1].split("/", 1)[0]:
+            raise TaskError(
+                f"--endpoint {safe_url(url)}: no credentials in the URL; name a variable with --api-key-env VAR"
+            )
+        if not model:
+            raise TaskError(f"--endpoint {safe_url(url)}: name the endpoint's model with --model NAME")
+        url = url.rstrip("/")
+        api = kind or ("openai" if urlsplit(url).path.endswith("/v1") else "ollama")
         return cls(api, url, model, api_key_env, **kw)
 
     @property
@@ -102,17 +131,66 @@ class Endpoint:
         import httpx
 
         reply = Reply()
+        self._retried(reply, lambda: self._stream(httpx, messages, max_tokens, temperature, seed, stop, reply, on_text))
+        reply.digest = self.digest(reply.model or self.model)
+        return reply
+
+    def embed(self, texts: list[str]) -> Embeddings:
+        """Vectors for ``texts`` in one request (OpenAI ``/embeddings``, Ollama ``/api/embed``),
+        retried as :meth:`chat` is."""
+        import httpx
+
+        out = Embeddings()
+        self._retried(out, lambda: self._embed(httpx, texts, out))
+        out.digest = self.digest(out.model or self.model)
+        return out
+
+    def _retried(self, reply, once) -> None:
         for attempt in range(self.max_retries + 1):
             try:
-                self._stream(httpx, messages, max_tokens, temperature, seed, stop, reply, on_text)
-                reply.digest = self.digest(reply.model or self.model)
-                return reply
+                return once()
             except _Retryable as exc:
                 if attempt == self.max_retries:
                     raise TaskError(f"endpoint {self.name}: {exc} (after {attempt} retries)") from None
                 reply.retries += 1
                 time.sleep(min(0.25 * 2**attempt, 2.0))
-        return reply
+
+    def _embed(self, httpx, texts: list[str], out: Embeddings) -> None:
+        path = self.url + ("/api/embed" if self.api == "ollama" else "/embeddings")
+        t0 = time.perf_counter()
+        try:
+            r = httpx.post(
+                path, json={"model": self.model, "input": texts}, headers=self._headers(), timeout=self.timeout_s
+            )
+        except httpx.ConnectError:
+            raise _Retryable("connection refused (is the server running?)") from None
+        except httpx.TimeoutException:
+            raise _Retryable(f"no answer within {self.timeout_s:g} s (timeout)") from None
+        except httpx.HTTPError as exc:
+            raise _Retryable(type(exc).__name__) from None
+        if r.status_code in RETRY_STATUS:
+            raise _Retryable(f"HTTP {r.status_code}")
+        if r.status_code >= 400:
+            raise TaskError(f"endpoint {self.name}: HTTP {r.status_code}: {_error_text(r.text)}")
+        out.total_s = time.perf_counter() - t0
+        try:
+            msg = r.json()
+            out.model = msg.get("model") or ""
+            if self.api == "ollama":
+                out.vectors = [list(map(float, v)) for v in msg["embeddings"]]
+                out.input_tokens = int(msg.get("prompt_eval_count") or 0)
+                for k in ("total_duration", "load_duration"):
+                    if msg.get(k) is not None:
+                        out.server[k.replace("_duration", "_s")] = msg[k] / 1e9
+            else:
+                rows = sorted(msg["data"], key=lambda d: d.get("index", 0))
+                out.vectors = [list(map(float, d["embedding"])) for d in rows]
+                out.server["usage"] = msg.get("usage") or {}
+                out.input_tokens = int(out.server["usage"].get("prompt_tokens") or 0)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise TaskError(f"endpoint {self.name}: not an embeddings answer: {r.text[:120]!r}") from None
+        if len(out.vectors) != len(texts):
+            raise TaskError(f"endpoint {self.name}: {len(out.vectors)} vectors for {len(texts)} texts")
 
     def digest(self, model: str) -> str:
         """The model's digest as the endpoint lists it (Ollama /api/tags, an OpenAI /v1/models entry

@@ -33,6 +33,7 @@ class Chat:
     failed: int = 0
     asked: int = 0
     _llm: object = None
+    endpoint: object = None  # an Endpoint (--endpoint URL): every turn runs there (runner/endpoints.py)
     _costs: dict = field(default_factory=dict)  # (user turn, assistant turn) → its prompt tokens
 
     def ask(self, text: str) -> None:
@@ -43,20 +44,25 @@ class Chat:
         from taskrun.tasks.base import Input, make_options
 
         self.asked += 1
-        self._fit(text)
+        if self.endpoint is None:  # an endpoint keeps its own window
+            self._fit(text)
         task = REGISTRY["generate"]
         options = make_options(
             task.Options, {**self.sampling, "system": self.system, "history": tuple(self.turns), "stream": True}
         )
         printer = EventPrinter(task, options, json_mode=False, quiet=self.quiet)
         try:
-            rec = run_job(
-                task,
-                lambda: [Input(source="chat", kind="text", text=text)],
-                options,
-                log=self.log,
-                on_event=printer,
-                **self.job,
+            rec = (
+                self._on_endpoint(options, text, printer)
+                if self.endpoint
+                else run_job(
+                    task,
+                    lambda: [Input(source="chat", kind="text", text=text)],
+                    options,
+                    log=self.log,
+                    on_event=printer,
+                    **self.job,
+                )
             )
         except TaskError as exc:
             self.failed += 1
@@ -68,6 +74,23 @@ class Chat:
         self.turns += [("user", text), ("assistant", answer)]
         if not self.quiet:
             click.secho(turn_line(rec), err=True, dim=True)
+
+    def _on_endpoint(self, options, text: str, printer):
+        from taskrun.runner.commands.endpoint import messages_of
+        from taskrun.runner.endpoints import generate_job
+        from taskrun.tasks import events as ev
+
+        rec, _ = generate_job(
+            self.endpoint,
+            messages_of(options, text),
+            options,
+            prompt=text,
+            log=self.log,
+            on_text=lambda t: printer(ev.Token(t, 0)),
+        )
+        for it in rec.items:
+            printer(it)
+        return rec
 
     def _fit(self, text: str) -> None:
         """Drop the oldest turns until the prompt leaves the answer room in the window. Linear in
@@ -247,10 +270,13 @@ def chat_cmd(model, runtime, device, dtype, system, load_path, offline, log_db, 
       run chat --system "You are terse."
       printf 'Hi\\nWhat did I just say?\\n' | run chat
     """
+    from taskrun.runner.commands.endpoint import make_endpoint
     from taskrun.runner.runlog.store import RunLog
     from taskrun.tasks import REGISTRY
     from taskrun.tasks.base import make_options
 
+    url, kind, key_env = (sampling.pop(k) for k in ("endpoint", "endpoint_kind", "api_key_env"))
+    endpoint = make_endpoint(url, model, kind, key_env) if url else None
     sampling["stop"] = tuple(sampling["stop"])  # the rest: max_tokens, temperature, top_p, top_k, seed, ...
     make_options(REGISTRY["generate"].Options, sampling)  # a bad value is refused before any load
     turns: list[tuple[str, str]] = []
@@ -264,6 +290,7 @@ def chat_cmd(model, runtime, device, dtype, system, load_path, offline, log_db, 
         turns=turns,
         log=RunLog(log_db),
         job={"model": model, "runtime": runtime, "device": device, "dtype": dtype, "offline": offline},
+        endpoint=endpoint,
     )
     converse(chat, quiet)
 
@@ -291,3 +318,13 @@ def converse(chat: Chat, quiet: bool) -> None:
             click.secho("\n[interrupted]", err=True, fg="yellow")
     if chat.failed:
         raise click.ClickException(f"{chat.failed} of {chat.asked} turns failed (see the errors above)")
+
+
+def _with_endpoint_options(cmd: click.Command) -> click.Command:
+    from taskrun.runner.commands.endpoint import endpoint_params
+
+    cmd.params.extend(endpoint_params())
+    return cmd
+
+
+_with_endpoint_options(chat_cmd)

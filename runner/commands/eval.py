@@ -26,6 +26,12 @@ from taskrun.runner.runlog.store import RunLog
 @click.option(
     "--min-accept", type=click.FloatRange(0, 1), default=None, help="Acceptance level for the verdict, e.g. 0.9."
 )
+@click.option(
+    "--judge-model",
+    default="minilm",
+    show_default=True,
+    help="Embedding model for the cases' judge checks (cosine similarity to the reference).",
+)
 @click.option("--json", "json_mode", is_flag=True, help="One JSON object: per setup, per case, the verdict.")
 @click.option(
     "--log-db",
@@ -33,7 +39,7 @@ from taskrun.runner.runlog.store import RunLog
     envvar="TASKRUN_LOG_DB",
     help="Run log SQLite file [env TASKRUN_LOG_DB].",
 )
-def eval_cmd(cases_file, setups, attempts, concurrency, seed, min_accept, json_mode, log_db):
+def eval_cmd(cases_file, setups, attempts, concurrency, seed, min_accept, judge_model, json_mode, log_db):
     """Run the same acceptance test (CASES: JSONL or TOML) over several setups: accepted answers,
     retries, incomplete answers, latency and cost per accepted answer. Each attempt is a run-log
     row of one eval id: `run logs --chain ID`. Endpoint keys come only from api_key_env=VAR."""
@@ -44,8 +50,19 @@ def eval_cmd(cases_file, setups, attempts, concurrency, seed, min_accept, json_m
     from taskrun.runner.jobs import new_id
 
     cases = load_cases(cases_file)
+    judge = None
+    if any("judge" in c.checks for c in cases):
+        from taskrun.runner.eval.judge import make_judge
+
+        judge = make_judge(judge_model)
     chosen = [s for text in setups for s in parse_setup(text)]
     eval_id = "eval-" + new_id()
+    if concurrency > 1 and any(not s.endpoint for s in chosen):
+        click.secho(
+            f"note: --concurrency {concurrency} applies to endpoint setups; local setups answer one case at a time",
+            err=True,
+            fg="yellow",
+        )
     click.echo(f"eval {eval_id}: {len(cases)} cases x {len(chosen)} setups", err=True)
 
     def progress(setup, case, tries):
@@ -59,6 +76,7 @@ def eval_cmd(cases_file, setups, attempts, concurrency, seed, min_accept, json_m
         eval_id=eval_id,
         seed=seed,
         log=RunLog(log_db),
+        judge=judge,
         on_case=None if json_mode else progress,
     )
     summaries = {n: report.summarize(r) for n, r in results.items()}

@@ -11,12 +11,10 @@ text (at this client for an endpoint; in the job for a local model), ``completio
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 
 from taskrun.runner.eval.cases import Case, check
 from taskrun.runner.eval.setups import Setup
-from taskrun.tasks import events as ev
-from taskrun.tasks.base import Input, ModelCard, TaskError
+from taskrun.tasks.base import Input, TaskError
 
 
 @dataclass
@@ -103,89 +101,25 @@ def _local(case: Case, setup: Setup, a: Attempt, eval_id: str, seed, log) -> Non
 
 
 def _endpoint(case: Case, setup: Setup, a: Attempt, eval_id: str, seed, log) -> None:
-    from taskrun.pipelines.llm.endpoint_client import Endpoint, safe_url
-    from taskrun.runner.jobs import JobRecord, new_id
-    from taskrun.runner.runlog.rows import log_row
-    from taskrun.tasks.generate import Generation
+    from taskrun.pipelines.llm.endpoint_client import Endpoint
+    from taskrun.runner.endpoints import generate_job
 
     ep = Endpoint.from_spec(setup.endpoint, setup.api_key_env)
-    options = _options(setup, case, seed)
-    rec = JobRecord(
-        id=new_id(),
-        task="generate",
-        started_at=datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
-        options=options,
-        runtime=f"endpoint:{ep.api}",
-        device="remote",
-        dtype="remote",
+    rec, reply = generate_job(
+        ep,
+        case.messages,
+        _options(setup, case, seed),
+        prompt=case.prompt,
+        log=log,
+        source=f"case {case.id}",
         chain_id=eval_id,
         stage=a.n,
-        n_inputs=1,
     )
-    try:
-        reply = ep.chat(
-            case.messages, max_tokens=options.max_tokens, temperature=options.temperature, seed=seed, stop=options.stop
-        )
-    except TaskError as exc:
-        rec.status, rec.error = "failed", str(exc)
-        rec.card = _card(ep, "", "")
-        if log is not None:
-            log.append(log_row(rec))
-        raise
-    rec.card = _card(ep, reply.model, reply.digest)
-    g = Generation(
-        prompt=case.prompt,
-        text=reply.text,
-        finish_reason=reply.finish_reason or "stop",
-        input_tokens=reply.input_tokens,
-        output_tokens=reply.output_tokens,
-        seed=seed or 0,
-    )
-    rec.items.append(ev.Item(0, f"case {case.id}", g))
-    rec.metrics = _metrics(reply, g)
-    rec.wall_s, rec.status = reply.total_s, "ok"
-    rec.notes.append(
-        f"endpoint {safe_url(ep.url)}; ttft_s at this client; server reported {reply.server or 'nothing'}; retries {reply.retries}"
-    )
-    rec.texts = [(0, "input", case.prompt), (0, "output", reply.text)]
-    if log is not None:
-        log.append(log_row(rec))
+    g = rec.items[0].result
     a.row_id, a.text, a.finish_reason, a.retries = rec.id, reply.text, g.finish_reason, reply.retries
     a.input_tokens, a.output_tokens, a.ttft_s, a.completion_s = (
         g.input_tokens,
         g.output_tokens,
         reply.ttft_s,
         reply.total_s,
-    )
-
-
-def _metrics(reply, g):
-    """The row's metrics from an endpoint's reply: TTFT at this client, decode rate after it."""
-    from taskrun.tasks.generate import Metrics
-
-    tail = reply.total_s - (reply.ttft_s or 0)
-    return Metrics(
-        input_tokens=g.input_tokens,
-        output_tokens=g.output_tokens,
-        ttft_s=reply.ttft_s or 0.0,
-        prefill_s=float(reply.server.get("prompt_eval_s", 0.0)),
-        decode_tokens_per_s=(g.output_tokens - 1) / tail if tail > 0 and g.output_tokens > 1 else 0.0,
-        finish_reason=g.finish_reason,
-    )
-
-
-def _card(ep, reported: str, digest: str) -> ModelCard:
-    from taskrun.pipelines.llm.endpoint_client import safe_url
-
-    return ModelCard(
-        name=reported or ep.model,
-        path=safe_url(ep.url),
-        architecture="endpoint",
-        tasks=("generate",),
-        runtime=f"endpoint:{ep.api}",
-        runtimes=(f"endpoint:{ep.api}",),
-        size_bytes=0,
-        digest=digest,
-        source=f"endpoint {ep.api} {safe_url(ep.url)} (asked for {ep.model})",
-        kind="text-generation",
     )

@@ -1,5 +1,6 @@
 """The eval loop: every case on every setup, retried until accepted up to ``attempts`` times,
-``concurrency`` cases of a setup at a time (the demand expected). Setups run one after another,
+``concurrency`` cases of an endpoint setup at a time (the demand expected; a local setup runs
+one at a time). Setups run one after another,
 so one setup's load never slows another's timings."""
 
 from __future__ import annotations
@@ -44,7 +45,11 @@ def run_eval(
         def one(case: Case, setup: Setup = setup) -> tuple[Case, list[Attempt]]:
             return case, run_case(case, setup, attempts=attempts, eval_id=eval_id, seed=seed, log=log, judge=judge)
 
-        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        # A local setup answers one case at a time: the in-process engine is one model with one
+        # state, and concurrent jobs on it gave other answers at temperature 0 than one at a time
+        # (tests/test_eval_paths.py). Concurrent demand is sent to endpoints (`run serve` batches).
+        workers = max(1, concurrency) if setup.endpoint else 1
+        with ThreadPoolExecutor(max_workers=workers) as pool:
             for case, tries in pool.map(one, cases):
                 out[setup.name][case.id] = tries
                 if on_case:
