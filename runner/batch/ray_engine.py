@@ -51,6 +51,9 @@ FORWARD_ENV = (
     "HF_HOME",
     "TOKENIZERS_PARALLELISM",
 )
+# The longest socket path Ray makes in its session folder, and the most a Unix socket's may take.
+SOCKET_TAIL = "/session_2026-01-01_00-00-00_000000_4194304/sockets/plasma_store"
+SOCKET_MAX = 107
 _KEEPERS: dict[str, subprocess.Popen] = {}  # session folder → its keeper (ray_keeper.py)
 MAX_TASK_RETRIES = 3  # a batch that kills its worker this many times in a row fails the run
 
@@ -80,6 +83,12 @@ def start_local(num_cpus: int | None = None) -> str:
 
     sweep()
     temp = tempfile.mkdtemp(prefix="taskrun-ray-")  # under $TMPDIR: the run's, never $HOME
+    if len(temp.encode()) + len(SOCKET_TAIL) > SOCKET_MAX:
+        os.rmdir(temp)
+        raise TaskError(
+            f"$TMPDIR is too long a path for the Ray cluster's sockets ({tempfile.gettempdir()}: a Unix "
+            f"socket's path takes at most {SOCKET_MAX} bytes); run with a shorter one, e.g. TMPDIR=/tmp"
+        )
     keeper = subprocess.Popen(
         [sys.executable, "-m", "taskrun.runner.batch.ray_keeper", temp, str(num_cpus or cpu_threads())],
         stdin=subprocess.PIPE,

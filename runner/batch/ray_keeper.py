@@ -23,6 +23,7 @@ import shutil
 import signal
 import sys
 import time
+import traceback
 from pathlib import Path
 
 GRACE_S = 2.0  # SIGTERM → SIGKILL: the raylet and GCS end within a second on SIGTERM
@@ -103,6 +104,7 @@ def _stop(signum, frame) -> None:
 
 def main(argv: list[str]) -> None:
     temp, cpus = argv
+    code = 0
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the driver decides
     signal.signal(signal.SIGTERM, _stop)
     _subreaper()
@@ -123,13 +125,16 @@ def main(argv: list[str]) -> None:
         sys.stdout.write(ray.get_runtime_context().gcs_address + "\n")
         sys.stdout.flush()
         sys.stdin.buffer.read()  # until the driver closes the pipe or dies
+    except BaseException:
+        traceback.print_exc()  # the driver says the cluster did not start; this says why
+        code = 1
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         _quiet()  # Ray's threads here log the GCS's end as errors ("Broken pipe"): not news
         end_all()
         shutil.rmtree(temp, ignore_errors=True)
         sys.stdout.flush()
-        os._exit(0)  # not Ray's atexit hooks: they would wait on the GCS just ended
+        os._exit(code)  # not Ray's atexit hooks: they would wait on the GCS just ended
 
 
 if __name__ == "__main__":
