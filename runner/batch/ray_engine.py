@@ -16,8 +16,11 @@ A local cluster started here stays private: 127.0.0.1 only (``RAY_ENABLE_WINDOWS
 makes Ray 2.60 pick the loopback address as the node's address, where it otherwise picks the
 machine's routable one; ``_node_ip_address`` says the same), no dashboard, no auth token written
 under $HOME (``RAY_AUTH_MODE=disabled``; the cluster is reachable from this machine only), no usage
-statistics sent, and its session files in a temporary folder only this user can open (Ray makes
-it 0777; set back to 0700), removed afterwards.
+statistics sent, and its session files in a temporary folder under $TMPDIR only this user can
+open (Ray makes it 0777; set back to 0700). It runs under a keeper process (``ray_keeper.py``) that
+ends every process of the cluster and removes that folder when the driver ends, however it ends
+(kill -9 included); a folder whose driver and keeper are both gone is swept by the next start.
+``ray.init`` replaces the SIGTERM handler; taskrun's is put back, so SIGTERM still exits 143.
 """
 
 from __future__ import annotations
@@ -95,15 +98,18 @@ def start_local(num_cpus: int | None = None) -> str:
         stdout=subprocess.PIPE,
         env=dict(os.environ, **PRIVATE_ENV),
     )
-    _own(temp, keeper.pid)
-    address = keeper.stdout.readline().decode().strip() if keeper.stdout else ""
-    if not address:
-        keeper.wait()
-        shutil.rmtree(temp, ignore_errors=True)
-        raise TaskError(f"the local Ray cluster did not start (exit {keeper.returncode}; its errors are above)")
     _KEEPERS[temp] = keeper
-    with _own_sigterm():
-        ray.init(address=address, _node_ip_address="127.0.0.1", log_to_driver=False, logging_level="WARNING")
+    try:  # a failed start, or a Ctrl-C or SIGTERM during it, ends the keeper too
+        _own(temp, keeper.pid)
+        address = keeper.stdout.readline().decode().strip() if keeper.stdout else ""
+        if not address:
+            keeper.wait()
+            raise TaskError(f"the local Ray cluster did not start (exit {keeper.returncode}; its errors are above)")
+        with _own_sigterm():
+            ray.init(address=address, _node_ip_address="127.0.0.1", log_to_driver=False, logging_level="WARNING")
+    except BaseException:
+        stop_local(temp)
+        raise
     _quiet_data()
     return temp
 
