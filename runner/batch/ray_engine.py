@@ -16,16 +16,25 @@ A local cluster started here stays private: 127.0.0.1 only (``RAY_ENABLE_WINDOWS
 makes Ray 2.60 pick the loopback address as the node's address, where it otherwise picks the
 machine's routable one; ``_node_ip_address`` says the same), no dashboard, no auth token written
 under $HOME (``RAY_AUTH_MODE=disabled``; the cluster is reachable from this machine only), no usage
-statistics sent, and its session files in a temporary folder only this user can open (Ray makes
-it 0777; set back to 0700), removed afterwards.
+statistics sent, and its session files in a temporary folder under $TMPDIR only this user can
+open (Ray makes it 0777; set back to 0700). It runs under a keeper process (``ray_keeper.py``) that
+ends every process of the cluster and removes that folder when the driver ends, however it ends
+(kill -9 included); a folder whose driver and keeper are both gone is swept by the next start.
+``ray.init`` replaces the SIGTERM handler; taskrun's is put back, so SIGTERM still exits 143.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
+import threading
+import time
 from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
@@ -45,6 +54,10 @@ FORWARD_ENV = (
     "HF_HOME",
     "TOKENIZERS_PARALLELISM",
 )
+# The longest socket path Ray makes in its session folder, and the most a Unix socket's may take.
+SOCKET_TAIL = "/session_2026-01-01_00-00-00_000000_4194304/sockets/plasma_store"
+SOCKET_MAX = 107
+_KEEPERS: dict[str, subprocess.Popen] = {}  # session folder → its keeper (ray_keeper.py)
 MAX_TASK_RETRIES = 3  # a batch that kills its worker this many times in a row fails the run
 
 
@@ -58,8 +71,8 @@ def _import_ray():
 
 
 def start_local(num_cpus: int | None = None) -> str:
-    """Start a private one-machine Ray cluster (see the module's docstring); returns its session
-    folder, to be removed with ``stop_local``."""
+    """Start a private one-machine Ray cluster (see the module's docstring) under its keeper
+    (``ray_keeper``) and connect to it; returns its session folder, for ``stop_local``."""
     for key, value in PRIVATE_ENV.items():
         os.environ[key] = value  # Ray's processes read these when they start
     ray = _import_ray()
@@ -71,25 +84,97 @@ def start_local(num_cpus: int | None = None) -> str:
     ray_constants.ENABLE_RAY_CLUSTER = False
     from taskrun.pipelines.device import cpu_threads
 
-    temp = tempfile.mkdtemp(prefix="taskrun-ray-")
-    ray.init(
-        num_cpus=num_cpus or cpu_threads(),
-        include_dashboard=False,
-        _temp_dir=temp,
-        _node_ip_address="127.0.0.1",
-        log_to_driver=False,
-        logging_level="WARNING",
-        configure_logging=True,
+    sweep()
+    temp = tempfile.mkdtemp(prefix="taskrun-ray-")  # under $TMPDIR: the run's, never $HOME
+    if len(temp.encode()) + len(SOCKET_TAIL) > SOCKET_MAX:
+        os.rmdir(temp)
+        raise TaskError(
+            f"$TMPDIR is too long a path for the Ray cluster's sockets ({tempfile.gettempdir()}: a Unix "
+            f"socket's path takes at most {SOCKET_MAX} bytes); run with a shorter one, e.g. TMPDIR=/tmp"
+        )
+    keeper = subprocess.Popen(
+        [sys.executable, "-m", "taskrun.runner.batch.ray_keeper", temp, str(num_cpus or cpu_threads())],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=dict(os.environ, **PRIVATE_ENV),
     )
-    os.chmod(temp, 0o700)  # Ray opens its temp folder to everyone (0777); its sockets are in it
+    _KEEPERS[temp] = keeper
+    try:  # a failed start, or a Ctrl-C or SIGTERM during it, ends the keeper too
+        _own(temp, keeper.pid)
+        address = keeper.stdout.readline().decode().strip() if keeper.stdout else ""
+        if not address:
+            keeper.wait()
+            raise TaskError(f"the local Ray cluster did not start (exit {keeper.returncode}; its errors are above)")
+        with _own_sigterm():
+            ray.init(address=address, _node_ip_address="127.0.0.1", log_to_driver=False, logging_level="WARNING")
+    except BaseException:
+        stop_local(temp)
+        raise
     _quiet_data()
     return temp
 
 
 def stop_local(temp: str) -> None:
+    """Disconnect, then have the keeper end the cluster and remove its folder (and wait for it)."""
     ray = _import_ray()
     ray.shutdown()
+    keeper = _KEEPERS.pop(temp, None)
+    if keeper is not None:
+        if keeper.stdin:
+            keeper.stdin.close()  # the keeper's signal: end the cluster
+        try:
+            keeper.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            keeper.kill()
+            keeper.wait()
     shutil.rmtree(temp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _own_sigterm():
+    """``ray.init`` replaces the SIGTERM handler twice (Python's: exit 15; its C++ one: a crash
+    dump): taskrun's is put back, so a SIGTERM still ends the batch as Ctrl-C does, exit 143."""
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        if previous is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _own(temp: str, keeper: int) -> None:
+    """Name the folder's owners (this driver and its keeper), for ``sweep``."""
+    from taskrun.runner.batch.ray_keeper import OWNER, start_ticks
+
+    text = "".join(f"{pid} {start_ticks(pid)}\n" for pid in (os.getpid(), keeper))
+    Path(temp, OWNER).write_text(text)
+
+
+def sweep(folder: str | None = None, min_age_s: float = 60.0) -> list[str]:
+    """Remove the ``taskrun-ray-*`` session folders whose owners are all gone (a run killed with
+    its keeper, as by ``kill -9`` of the process group); returns those removed. A folder without
+    an owner file is removed once ``min_age_s`` old (it may be a run starting right now)."""
+    from taskrun.runner.batch.ray_keeper import OWNER, start_ticks
+
+    removed = []
+    for d in Path(folder or tempfile.gettempdir()).glob("taskrun-ray-*"):
+        try:
+            if d.stat().st_uid != os.getuid():
+                continue  # another user's run
+            rows = [r.split() for r in (d / OWNER).read_text().splitlines() if r.strip()]
+            stale = not any(start_ticks(int(pid)) == ticks for pid, ticks in rows)
+        except FileNotFoundError:
+            stale = _age(d) > min_age_s
+        except (OSError, ValueError):
+            continue  # another user's folder (0700), or not ours to judge
+        if stale:
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(str(d))
+    return removed
+
+
+def _age(d: Path) -> float:
+    return time.time() - d.stat().st_mtime
 
 
 def _quiet_data() -> None:
@@ -170,7 +255,8 @@ def run_ray(
     ray = _import_ray()
     if not ray.is_initialized():
         if address:
-            ray.init(address=address, log_to_driver=False, logging_level="WARNING")
+            with _own_sigterm():
+                ray.init(address=address, log_to_driver=False, logging_level="WARNING")
             _quiet_data()
         else:
             temp = start_local()
