@@ -99,7 +99,7 @@ def test_a_whole_recording_in_a_chain_exits_0(tiny_dir, tmp_path):
 def test_allow_partial_reaches_only_the_steps_that_take_it():
     chain = allow_partial(load_chain("meeting-notes"))
     assert chain.steps[0].options == {"speakers": True, "allow_partial": True}
-    assert chain.steps[1].options == {"length": "medium"}
+    assert chain.steps[1].options == {"length": "long"}
     assert load_chain("meeting-notes").steps[0].options == {"speakers": True}  # the file's chain is not changed
     overridden = allow_partial(
         parse_chain(
