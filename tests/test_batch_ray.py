@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from taskrun.runner.batch import ray_keeper
 from taskrun.runner.batch.run import Request, run_batch
 from taskrun.runner.commands.batch import _workers
 from tests.test_batch import read_jsonl, write_jsonl
@@ -26,21 +27,7 @@ HOME = Path.home()
 
 def descendants(root: int) -> set[int]:
     """Every process below ``root``: Ray's GCS, raylet, agents and workers are started by the driver."""
-    children: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(d.name))
-    out, todo = set(), [root]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            if c not in out:
-                out.add(c)
-                todo.append(c)
-    return out
+    return set(ray_keeper.descendants(root))
 
 
 def _address(hex_addr: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
