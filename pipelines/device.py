@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from contextlib import contextmanager
 
 from taskrun.tasks.base import TaskError
@@ -131,11 +132,23 @@ def import_ctranslate2():
     and torch's libgomp reads the same variable: so it is set only for this import and removed
     after. A GOMP_SPINCOUNT of the user's own is left alone; TASKRUN_CT2_SPINCOUNT sets the count
     (0: passive waits, as for torch)."""
+    # One import at a time: a batch actor's threads load their engines together, and a second
+    # thread that took ctranslate2 from sys.modules mid-import got a partly initialised module.
+    with _CT2_IMPORT_LOCK:
+        return _import_ctranslate2()
+
+
+_CT2_IMPORT_LOCK = threading.Lock()
+
+
+def _import_ctranslate2():
     global _CT2_WAIT
     if "ctranslate2" in sys.modules:
         if _CT2_WAIT is None:  # imported by other code first: its libgomp read whatever was set then
             _CT2_WAIT = ("?", "ctranslate2 was imported before taskrun chose how its threads wait")
-        return sys.modules["ctranslate2"]
+        import ctranslate2  # waits on Python's module lock if another thread is still importing it
+
+        return ctranslate2
     configure_openmp()
     ours = "GOMP_SPINCOUNT" not in os.environ
     spin, why = _ct2_spin_choice() if ours else (os.environ["GOMP_SPINCOUNT"], "your GOMP_SPINCOUNT")
