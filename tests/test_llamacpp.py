@@ -71,6 +71,25 @@ def test_a_gguf_runs_on_llama_cpp_by_default_and_the_log_says_so(tiny):
     log = json.loads(CliRunner().invoke(main, ["logs", "show", out["id"]]).stdout)
     assert (log["runtime"], log["dtype"]) == ("llama.cpp", "f32")
     assert log["model_digest"] == out["model"]["digest"] and log["device"] == "cpu"
+    from taskrun.pipelines.llm.llamacpp_native import kernel_note
+
+    assert kernel_note() in log["notes"]  # which CPU kernels ran (AVX2, AVX-512, AMX) is on record
+
+
+def test_the_kernel_level_is_the_best_the_build_has_and_names_what_it_leaves_unused():
+    from taskrun.pipelines.llm.llamacpp_native import kernel_level
+
+    avx2 = "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | LLAMAFILE = 1 | "
+    zen3 = {"pni", "ssse3", "avx", "avx2", "fma", "f16c"}
+    spr = zen3 | {"avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8"}
+    assert kernel_level(avx2, zen3) == "llama.cpp CPU kernels: AVX2"
+    assert kernel_level(avx2, spr) == (
+        "llama.cpp CPU kernels: AVX2 (this CPU also has AMX_INT8, AVX512_BF16, AVX512_VNNI, AVX512, "
+        "which this build does not use)"
+    )
+    native = "CPU : SSE3 = 1 | AVX2 = 1 | AVX512 = 1 | AVX512_VNNI = 1 | AVX512_BF16 = 1 | AMX_INT8 = 1 | "
+    assert kernel_level(native, spr) == "llama.cpp CPU kernels: AMX_INT8"
+    assert kernel_level("CPU : LLAMAFILE = 1 | ", set()) == "llama.cpp CPU kernels: generic"
 
 
 def test_without_llama_cpp_a_gguf_falls_back_to_transformers(tiny, monkeypatch):

@@ -54,6 +54,7 @@ from taskrun.pipelines.llm.llamacpp_native import (
     Native,
     file_type,
     library,
+    kernel_note,
     prompt_copy,
     wants_prompt_copy,
 )
@@ -122,7 +123,11 @@ class LlamaCppEngine(LLMEngine):
             lib = library()
             return cls(lib, Native(lib, path), meta, card.digest)
 
-        return cached_model(card, cls.runtime, "cpu", file_type(meta), "causal-lm", build)
+        engine = cached_model(card, cls.runtime, "cpu", file_type(meta), "causal-lm", build)
+        note = kernel_note()  # which kernels ran (AVX2, AVX-512, AMX): every job's run log says so
+        if note not in card.extra.get("ran", ()):
+            card.extra["ran"] = [*card.extra.get("ran", ()), note]
+        return engine
 
     # ----------------------------------------------------------------- text ↔ tokens
 

@@ -61,6 +61,54 @@ def library():
     return llama_cpp
 
 
+# llama.cpp's CPU kernels, best first: (its system-info name, /proc/cpuinfo's flag). The build is
+# chosen at install (Makefile LLAMA_CMAKE: portable AVX2), so a job's run log says which level ran
+# and what this CPU has that the build leaves unused (AVX-512, AMX): a rate means little without it.
+_KERNEL_LEVELS = (
+    ("AMX_INT8", "amx_int8"),
+    ("AVX512_BF16", "avx512_bf16"),
+    ("AVX512_VNNI", "avx512_vnni"),
+    ("AVX512", "avx512f"),
+    ("AVX_VNNI", "avx_vnni"),
+    ("AVX2", "avx2"),
+    ("AVX", "avx"),
+    ("SSSE3", "ssse3"),
+    ("SSE3", "pni"),
+)
+
+
+def kernel_level(system_info: str, cpu_flags: set[str] | None = None) -> str:
+    """Which CPU kernel level the loaded llama.cpp library runs, from ``llama_print_system_info``
+    ("CPU : SSE3 = 1 | AVX2 = 1 | ..."), and the levels this CPU has above it that the build does
+    not use: the note `run bench` and the run log keep beside every llama.cpp rate."""
+    built = {k.strip() for k, _, v in (p.partition("=") for p in system_info.split("|")) if v.strip() == "1"}
+    built = {k.split(":")[-1].strip() for k in built}
+    level = next((name for name, _ in _KERNEL_LEVELS if name in built), "generic")
+    if cpu_flags is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+                line = next((x for x in f if x.startswith("flags")), "")
+        except OSError:
+            line = ""
+        cpu_flags = set(line.partition(":")[2].split())
+    order = [name for name, _ in _KERNEL_LEVELS]
+    unused = [
+        name
+        for name, flag in _KERNEL_LEVELS
+        if flag in cpu_flags and name not in built and order.index(name) < order.index(level)
+    ] if level in order else []
+    note = f"llama.cpp CPU kernels: {level}"
+    if unused:
+        note += f" (this CPU also has {', '.join(unused)}, which this build does not use)"
+    return note
+
+
+def kernel_note() -> str:
+    """``kernel_level`` for the llama.cpp library this process loaded."""
+    lib = library()
+    return kernel_level(lib.llama_print_system_info().decode("utf-8", "replace"))
+
+
 def log_tail(errors_only: bool = False) -> str:
     lines = [x.strip() for x in _LOG if not errors_only or "error" in x.lower() or "fail" in x.lower()]
     return " ".join(lines)[-300:]
