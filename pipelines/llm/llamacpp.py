@@ -53,8 +53,8 @@ from taskrun.pipelines.llm.llamacpp_native import (
     CopyRefused,
     Native,
     file_type,
-    library,
     kernel_note,
+    library,
     prompt_copy,
     wants_prompt_copy,
 )

@@ -92,11 +92,15 @@ def kernel_level(system_info: str, cpu_flags: set[str] | None = None) -> str:
             line = ""
         cpu_flags = set(line.partition(":")[2].split())
     order = [name for name, _ in _KERNEL_LEVELS]
-    unused = [
-        name
-        for name, flag in _KERNEL_LEVELS
-        if flag in cpu_flags and name not in built and order.index(name) < order.index(level)
-    ] if level in order else []
+    unused = (
+        [
+            name
+            for name, flag in _KERNEL_LEVELS
+            if flag in cpu_flags and name not in built and order.index(name) < order.index(level)
+        ]
+        if level in order
+        else []
+    )
     note = f"llama.cpp CPU kernels: {level}"
     if unused:
         note += f" (this CPU also has {', '.join(unused)}, which this build does not use)"
