@@ -28,3 +28,10 @@ def test_openapi_needs_the_key_when_one_is_set():
     settings = Settings(api_key="k-123456789")
     assert _get(settings).status_code == 401
     assert _get(settings, {"Authorization": "Bearer k-123456789"}).status_code == 200
+
+
+def test_ollama_routes_declare_their_request_bodies():
+    doc = _get(Settings()).json()
+    for route, field in (("/api/chat", "messages"), ("/api/generate", "prompt"), ("/api/embed", "input")):
+        schema = doc["paths"][route]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        assert field in schema["properties"] and "model" in schema["required"]
