@@ -35,3 +35,9 @@ def test_ollama_routes_declare_their_request_bodies():
     for route, field in (("/api/chat", "messages"), ("/api/generate", "prompt"), ("/api/embed", "input")):
         schema = doc["paths"][route]["post"]["requestBody"]["content"]["application/json"]["schema"]
         assert field in schema["properties"] and "model" in schema["required"]
+
+
+def test_operation_ids_are_unique():
+    doc = _get(Settings()).json()
+    ids = [op["operationId"] for item in doc["paths"].values() for op in item.values() if "operationId" in op]
+    assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
