@@ -3,8 +3,10 @@
 Every error leaves in OpenAI's ``{"error": {...}}`` shape with a 4xx, whatever raised it (a bad
 body, an unknown route, a TaskError from a job); an unexpected exception is logged with its
 traceback on the server's stderr and answered 500 "internal error (see the server log)", so no
-traceback ever reaches a client. No interactive docs are served (no /docs, no /openapi.json):
-docs/serve.md documents the endpoints.
+traceback ever reaches a client. The OpenAPI document is served at /openapi.json, behind the API
+key when one is set (the Guard covers every path but /health); no interactive /docs page is
+served (it loads scripts from a CDN, and these servers are offline). docs/serve.md documents the
+endpoints.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def create_app(settings: Settings) -> FastAPI:
                 t.cancel()
             service.workers.close()
 
-    app = FastAPI(title="taskrun", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="taskrun", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.service = service
     _install_error_handlers(app)
     _install_ops(app, service)

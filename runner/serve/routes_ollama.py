@@ -27,15 +27,15 @@ def register(app: FastAPI, service) -> None:
     async def tags():
         return ol.tags_body(await asyncio.to_thread(service.catalogue.rows))
 
-    @app.post("/api/generate")
+    @app.post("/api/generate", openapi_extra=ol.openapi_body("/api/generate"))
     async def generate(request: Request):
         return await _text(service, request, chat=False)
 
-    @app.post("/api/chat")
+    @app.post("/api/chat", openapi_extra=ol.openapi_body("/api/chat"))
     async def chat(request: Request):
         return await _text(service, request, chat=True)
 
-    @app.post("/api/embed")
+    @app.post("/api/embed", openapi_extra=ol.openapi_body("/api/embed"))
     async def embed_endpoint(request: Request):
         t0 = time.perf_counter()
         body = await json_body(request)

@@ -19,7 +19,8 @@ from taskrun.tasks.wire.jobspec import JobSpec
 
 
 def register(app: FastAPI, service) -> None:
-    @app.api_route("/", methods=["GET", "HEAD"])
+    @app.get("/")
+    @app.head("/", operation_id="root_head")  # its own id: one shared id makes /openapi.json ambiguous
     async def root():
         return PlainTextResponse("Ollama is running")
 

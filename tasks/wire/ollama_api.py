@@ -284,3 +284,66 @@ def tags_body(rows: list[dict]) -> dict:
             }
         )
     return {"models": models}
+
+
+# --------------------------------------------------------------------------- OpenAPI request bodies
+# The routes read raw bodies (neutral values are accepted that a strict model would refuse), so
+# their request schemas are declared here for /openapi.json; extra fields stay allowed, as in Ollama.
+_OPTIONS = {
+    "type": "object",
+    "description": "sampling options (temperature, top_p, top_k, seed, num_predict, stop, ...)",
+}
+_COMMON = {
+    "model": {"type": "string"},
+    "stream": {"type": "boolean", "default": True},
+    "format": {"description": '"json" or a JSON schema'},
+    "options": _OPTIONS,
+    "keep_alive": {"description": 'a duration such as "5m", seconds, 0 to unload, negative to keep'},
+}
+_MESSAGE = {
+    "type": "object",
+    "required": ["role"],
+    "properties": {
+        "role": {"type": "string", "enum": ["system", "user", "assistant", "tool"]},
+        "content": {"type": "string"},
+        "images": {"type": "array", "items": {"type": "string"}},
+        "tool_calls": {"type": "array", "items": {"type": "object"}},
+    },
+}
+REQUEST_SCHEMAS = {
+    "/api/generate": {
+        "type": "object",
+        "required": ["model"],
+        "properties": {
+            **_COMMON,
+            "prompt": {"type": "string"},
+            "system": {"type": "string"},
+            "raw": {"type": "boolean"},
+        },
+    },
+    "/api/chat": {
+        "type": "object",
+        "required": ["model"],
+        "properties": {
+            **_COMMON,
+            "messages": {"type": "array", "items": _MESSAGE},
+            "tools": {"type": "array", "items": {"type": "object"}},
+        },
+    },
+    "/api/embed": {
+        "type": "object",
+        "required": ["model", "input"],
+        "properties": {
+            "model": {"type": "string"},
+            "input": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+            "truncate": {"type": "boolean", "default": True},
+            "options": _OPTIONS,
+            "keep_alive": _COMMON["keep_alive"],
+        },
+    },
+}
+
+
+def openapi_body(path: str) -> dict:
+    """``openapi_extra`` for a route that reads its JSON body itself."""
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": REQUEST_SCHEMAS[path]}}}}
