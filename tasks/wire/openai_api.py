@@ -260,7 +260,9 @@ def _audio(path: str, body: dict, uploads: Uploads | None, allow_paths: bool) ->
     if language:
         options["language"] = language
     grains = granularities(body)
-    if "word" in grains:
+    if "word" in grains or fmt in ("srt", "vtt"):
+        # srt/vtt cues are cut between words, as the CLI's `-f srt` does (Transcribe's
+        # options_for_format): without word times the server's cues came out different.
         options["word_timestamps"] = True
     return JobSpec("transcribe", [_audio_input(body.get("file"), uploads, allow_paths)], options, model=model_of(body))
 
