@@ -275,3 +275,12 @@ def test_llama_cpp_server_answers_as_the_local_gguf(served, cases_file, tmp_path
     local, remote = (texts(out, s)["any"].replace("\ufffd", "") for s in setups)
     assert local == remote and local
     assert (out["setups"][setups[1]]["errors"], out["setups"][setups[1]]["incomplete"]) == (0, 3)  # no stop text
+
+
+def test_eval_json_keeps_full_precision(served, cases_file):
+    """`--json` is for programs: floats keep every digit (6-decimal rounding is for the table), so a
+    sub-microdollar cost per accepted answer or a completion time is not cut to 6 decimals."""
+    _, toml, _ = served
+    out = eval_json(toml, cases_file, "--setup", "tiny-llama@max_tokens=2,temperature=0")
+    times = [t["completion_s"] for tries in next(iter(out["cases"].values())).values() for t in tries]
+    assert times and any(round(x, 6) != x for x in times)  # perf_counter spans carry > 6 decimals

@@ -3,11 +3,11 @@ Registered in runner/cli.py EXTRA_COMMANDS."""
 
 from __future__ import annotations
 
+import json
 import sys
 
 import click
 
-from taskrun.runner.output.writer import print_json
 from taskrun.runner.runlog.store import RunLog
 
 
@@ -82,7 +82,9 @@ def eval_cmd(cases_file, setups, attempts, concurrency, seed, min_accept, judge_
     summaries = {n: report.summarize(r) for n, r in results.items()}
     line = report.verdict(summaries, min_accept)
     if json_mode:
-        print_json(report.to_json(eval_id, results, summaries, line))
+        # Full precision: to_jsonable's 6-decimal rounding is for display, and a cost per accepted
+        # answer of a cheap hosted setup is often below 1e-6 dollars. The report holds plain values.
+        click.echo(json.dumps(report.to_json(eval_id, results, summaries, line), ensure_ascii=False))
     else:
         click.echo(report.table(summaries))
         click.echo()
