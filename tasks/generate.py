@@ -130,6 +130,12 @@ class Options:
     truncate: bool = option(
         False, "--truncate", help="Cut a prompt that does not fit the context window instead of refusing it."
     )
+    context: int = option(
+        0,
+        "--context",
+        help="This job's context window in tokens (prompt + answer), at most the model's own "
+        "(0: the model's; more is cut to it, with a note). Ollama's options.num_ctx.",
+    )
     json_schema: str = option(
         "",
         "--json-schema",

@@ -158,3 +158,24 @@ def test_the_load_and_unload_idiom(client):
     gone = client.chat(model="tiny-llama:latest", messages=[], keep_alive=0)  # no messages, keep_alive 0: unload
     assert gone.done and gone.done_reason == "unload"
     assert "tiny-llama" not in [m.model for m in client.ps().models]
+
+
+def test_num_ctx_sets_the_requests_window(client):
+    """options.num_ctx is this request's window (prompt + answer), as in Ollama: the answer stops
+    where the window is full; a prompt longer than it is refused naming it; more than the model
+    reads is cut to the model's own window; a value that is no size is a 400 naming the field."""
+    prompt = "Count: one two three four five six seven eight nine ten"
+    first = client.generate(model="tiny-llama", prompt=prompt, options={"num_predict": 2, "temperature": 0})
+    n = first.prompt_eval_count
+    r = client.generate(model="tiny-llama", prompt=prompt, options={"num_ctx": n + 3, "num_predict": 50, "seed": 1})
+    assert r.prompt_eval_count == n and r.eval_count == 3 and r.done_reason == "length"
+    with pytest.raises(ollama.ResponseError) as err:
+        client.generate(model="tiny-llama", prompt=prompt, options={"num_ctx": n - 1})
+    assert err.value.status_code == 400 and f"reads at most {n - 1}" in err.value.error
+    big = client.generate(model="tiny-llama", prompt=prompt, options={"num_ctx": 10_000_000, "num_predict": 4})
+    assert big.eval_count <= 4 and big.done
+    url = str(client._client.base_url)
+    for bad in (0, -5, 1.5, "big"):  # sent raw: the ollama client checks types itself
+        body = {"model": "tiny-llama", "prompt": prompt, "stream": False, "options": {"num_ctx": bad}}
+        r = httpx.post(url + "/api/generate", json=body, timeout=60)
+        assert r.status_code == 400 and "num_ctx" in r.json()["error"], (bad, r.text)

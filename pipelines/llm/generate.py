@@ -5,7 +5,7 @@ and checked by pipelines/llm/schema.py."""
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from taskrun.pipelines.llm.decode import Decoded
 from taskrun.pipelines.llm.engine import LLMEngine
@@ -38,10 +38,21 @@ class GeneratePipeline(LLMPipeline):
         system = schema_system(schema, options.system)
         totals = _Totals()
 
+        window = self._window(options)
+        if options.context > window:
+            yield ev.Notice(
+                f"a context of {options.context} tokens was asked for; {self.card.name} reads at most "
+                f"{window}, so this job's window is {window}"
+            )
+
         def one(i, inp):
             ids, dropped = self._prompt(inp.text, options, system, "")
             out = Decoded()
-            text = yield from self._answer(ids, s, clock, out, i, options.stream)
+            room = window - len(ids)  # a window smaller than the model's (--context, num_ctx) caps the answer
+            si = s if room >= s.max_tokens else replace(s, max_tokens=room)
+            text = yield from self._answer(ids, si, clock, out, i, options.stream)
+            if si is not s and out.finish_reason == "length" and len(out.token_ids) >= room:
+                out.hit_window = True
             totals.add(len(ids), out)
             n_out = len(out.token_ids)
             res = Generation(
@@ -75,12 +86,17 @@ class GeneratePipeline(LLMPipeline):
                 yield ev.Token(piece, index)
         return out.text
 
+    def _window(self, options) -> int:
+        """The job's window: the model's, or the smaller one asked for (--context, Ollama's num_ctx)."""
+        own = self.engine.context
+        return min(own, options.context) if getattr(options, "context", 0) else own
+
     def _prompt(self, text, options, system, prefix):
         """The prompt's token ids, refused (or cut with --truncate) when it leaves no room to answer.
         A text longer than the window is never tokenised whole: only a head of it that surely
         fills the window (``text_head``), so a 1 MB file costs what a window's worth does."""
         llm = self.engine
-        window = llm.context
+        window = self._window(options)
         head = text_head(llm, text, window)
         ids = llm.prompt_ids(head, system, options.raw, prefix, options.history)
         if head is text and len(ids) < window:

@@ -92,7 +92,6 @@ class LlamaCppEngine(LLMEngine):
         self._one = (lib.llama_token * 1)()
         self._steps = 0  # single-token steps since decoding() began (RECHECK counts them)
         self.cached_tokens = 0  # prompt tokens the last prefill kept from the KV cache (not read again)
-        self.cache_scope: str | None = cache_scope.OFF  # whose tokens the KV cache holds (none yet)
         # the float16 copy that reads prompts (llamacpp_native), made and loaded on the first one
         self.prompt_native: Native | None = None
         self._copy_wanted = wants_prompt_copy(self.path, self.dtype)
@@ -264,13 +263,14 @@ class LlamaCppEngine(LLMEngine):
         native, n = self.native, len(ids)
         self.cached_tokens = 0
         scope = cache_scope.current()
-        ours = scope is not cache_scope.OFF and scope == self.cache_scope  # another tenant's tokens are not reused
-        self.cache_scope = cache_scope.OFF  # unknown while a read is under way (it may fail half-way)
+        # whose tokens the KV cache holds lives with the context, which copies of this engine share
+        ours = scope is not cache_scope.OFF and scope == native.scope  # another tenant's tokens are not reused
+        native.scope = cache_scope.OFF  # unknown while a read is under way (it may fail half-way)
         if ours and native.n_ctx >= n + room and os.environ.get("TASKRUN_PROMPT_CACHE", "1") != "0":
             logits = self._resume(ids)
             if logits is not None:
                 native.prompt_end = (n, logits.copy())
-                self.cache_scope = scope
+                native.scope = scope
                 return logits
         size = self._size(n + room)
         native.ensure(size)
@@ -287,7 +287,7 @@ class LlamaCppEngine(LLMEngine):
         if logits is None:
             logits = self._logits(native.eval(arr, n))
         native.prompt_end = (n, logits.copy())
-        self.cache_scope = scope
+        native.scope = scope
         return logits
 
     def _resume(self, ids: list[int]):

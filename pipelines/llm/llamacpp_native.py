@@ -207,6 +207,7 @@ class Native:
         # (n, logits) after the last prompt read: n prompt tokens and the logits that followed them,
         # valid while tokens[:n] is that prompt's KV as it was read (keep() and clear() drop it)
         self.prompt_end: tuple[int, object] | None = None
+        self.scope: str | None = None  # whose prompt the KV cache holds (tasks/cache_scope.py; None: nobody's)
         params = lib.llama_model_default_params()
         params.n_gpu_layers = 0
         read_into_memory(lib, params)

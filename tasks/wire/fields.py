@@ -211,6 +211,7 @@ def sampling(values: dict, prefix: str = "", fewest_tokens: int = 1, names: dict
         ("seed", int, "a whole number", 0, 2**32 - 1),
         ("top_k", int, "a whole number", 0, 1_000_000),
         ("repeat_penalty", (int, float), "a number", 0, 100),
+        ("context", int, "a whole number of tokens", 1, 10_000_000),  # Ollama's num_ctx
     ):
         value = number(values, key, kind, what, low, high, name.get(key, key))
         if value is not None:

@@ -34,6 +34,7 @@ OPTIONS = {
     "num_predict": "max_tokens",
     "stop": "stop",
     "repeat_penalty": "repeat_penalty",
+    "num_ctx": "context",  # this request's window, at most the model's (generate's --context)
 }
 UNLIMITED = 1_000_000  # num_predict -1: until the answer ends or the window is full
 NS = 1_000_000_000
