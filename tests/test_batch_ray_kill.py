@@ -144,7 +144,9 @@ def test_sigterm_and_kill_9_of_the_driver_leave_nothing_behind_and_a_rerun_finis
     assert rc == -9
     assert _left(seen) == [], "Ray processes outlived the driver's kill -9"
     second = _whole_lines(out)
-    assert first < second < N
+    # usually mid-run; where the warm actors write the last lines faster than the watcher polls,
+    # the kill lands in the driver's shutdown instead, which must leave nothing behind either
+    assert first < second <= N
 
     # the rest in bigger jobs: a resume need not use the killed run's --chunk
     again = subprocess.run([*cmd, "--chunk", "50"], capture_output=True, text=True, timeout=300, env=env)
