@@ -628,3 +628,17 @@ def test_the_decode_thread_count_follows_the_machine_while_it_answers(llm, monke
     assert counts == [2, 1, 2]  # at the start, and at steps 16 and 32 of the 47 after the first token
     assert llm.native.n_threads == 2
     assert moved.token_ids == one.token_ids
+
+
+def test_context_sets_the_jobs_window_and_a_negative_one_is_refused(tiny):
+    """`--context N` (Ollama's num_ctx): prompt and answer together fit in N tokens."""
+    args = ["generate", contract.PROMPT, "--model", tiny, "--max-tokens", "50", "--seed", "1", "--json", "-q"]
+    r = CliRunner().invoke(main, args)
+    n = json.loads(r.stdout.strip().splitlines()[-1])["metrics"]["input_tokens"]
+    r = CliRunner().invoke(main, [*args, "--context", str(n + 3)])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    res = out["items"][0]["result"]
+    assert res["output_tokens"] == 3 and res["finish_reason"] == "length"
+    r = CliRunner().invoke(main, [*args, "--context", "-1"])
+    assert r.exit_code != 0 and "--context -1 is no window" in r.output

@@ -88,8 +88,10 @@ class GeneratePipeline(LLMPipeline):
 
     def _window(self, options) -> int:
         """The job's window: the model's, or the smaller one asked for (--context, Ollama's num_ctx)."""
-        own = self.engine.context
-        return min(own, options.context) if getattr(options, "context", 0) else own
+        own, asked = self.engine.context, getattr(options, "context", 0)
+        if asked < 0:
+            raise TaskError(f"--context {asked} is no window: give a number of tokens, or 0 for the model's ({own})")
+        return min(own, asked) if asked else own
 
     def _prompt(self, text, options, system, prefix):
         """The prompt's token ids, refused (or cut with --truncate) when it leaves no room to answer.
