@@ -69,3 +69,35 @@ def test_a_client_may_not_choose_the_runtime_unless_the_operator_allows_it(tmp_p
             assert r.status_code == 400 and "--client-runtimes" in r.text and "runtime" in r.text, r.text
         else:
             assert "--client-runtimes" not in r.text, r.text
+
+
+def test_a_running_server_sweeps_again_not_only_at_its_start(tmp_path):
+    """Upload folders that a killed sibling leaves while this server runs go at the next sweep
+    (TASKRUN_SWEEP_S), not only when a server starts; a live process's folder stays."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**server_env(tmp_path, tmp_path / "cache", models_toml({}, tmp_path)), "TMPDIR": str(tmp)}
+    server = Server(tmp_path, {**env, "TASKRUN_SWEEP_S": "0.3"})
+    try:
+        server.wait_healthy()
+        dead = _dead_pid()
+        left = tmp / f"taskrun-upload-{dead}-x1"  # what a sibling killed with -9 leaves
+        left.mkdir()
+        (left / "0001-clip.wav").write_bytes(b"RIFF" + b"\0" * 4096)
+        mine = tmp / f"taskrun-upload-{os.getpid()}-x2"
+        mine.mkdir()
+        deadline = time.monotonic() + 20
+        while left.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not left.exists() and mine.exists()
+    finally:
+        server.stop()
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid

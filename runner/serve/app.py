@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
@@ -30,6 +31,24 @@ from taskrun.tasks.wire.errors import APIError, from_task_error, public
 log = logging.getLogger("taskrun.serve")
 
 
+async def _sweep_while_serving() -> None:
+    """Sweep upload folders of dead processes every TASKRUN_SWEEP_S seconds (default 600) while the
+    server runs, not only at its start: a long-lived server beside others that get killed (the OOM
+    killer, kill -9 of a sibling) would otherwise keep their uploads in the temp folder for ever."""
+    from taskrun.runner.serve.sweep import sweep_uploads
+
+    every = float(os.environ.get("TASKRUN_SWEEP_S", "600") or 600)
+    while every > 0:
+        await asyncio.sleep(every)
+        try:
+            gone = await asyncio.to_thread(sweep_uploads)
+        except Exception:  # a sweep that fails must not stop the server; the next one tries again
+            log.exception("sweeping upload folders failed")
+            continue
+        if gone:
+            log.info("swept %d upload folder(s) of processes no longer running", len(gone))
+
+
 def create_app(settings: Settings) -> FastAPI:
     from taskrun.runner.serve import routes_native, routes_ollama, routes_ollama_info, routes_openai, routes_responses
     from taskrun.runner.serve.batching import EmbedBatcher
@@ -41,6 +60,7 @@ def create_app(settings: Settings) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         tasks = [asyncio.ensure_future(_preload(service, m)) for m in settings.preload]
+        tasks.append(asyncio.ensure_future(_sweep_while_serving()))
         try:
             yield
         finally:
