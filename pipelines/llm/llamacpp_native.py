@@ -109,8 +109,10 @@ def kernel_level(system_info: str, cpu_flags: set[str] | None = None) -> str:
 
 def kernel_note() -> str:
     """``kernel_level`` for the llama.cpp library this process loaded."""
-    lib = library()
-    return kernel_level(lib.llama_print_system_info().decode("utf-8", "replace"))
+    if "kernels" not in _STATE:  # one library and one CPU per process: read once, not per job
+        info = library().llama_print_system_info().decode("utf-8", "replace")
+        _STATE["kernels"] = kernel_level(info)
+    return _STATE["kernels"]
 
 
 def log_tail(errors_only: bool = False) -> str:
