@@ -114,18 +114,20 @@ def test_chat_tools_answer_in_ollamas_tool_calls_shape(tmp_path):
     assert line["message"]["content"] == ""
 
 
-def test_the_ollama_client_sends_tools_and_gets_an_answer(client):
-    # a random model chooses no tool by itself: the answer comes whole in the last line
-    parts = list(
-        client.chat(
-            model="slow-llama",
-            messages=[{"role": "user", "content": "Weather in Oslo?"}],
-            tools=[WEATHER_TOOL],
-            options={"num_predict": 4},
-            stream=True,
-        )
+def test_the_ollama_client_sends_tools_and_gets_the_text_as_it_is_written(client):
+    # a random model chooses no tool by itself: its text streams line by line, as without tools,
+    # and is the text of the same answer unstreamed
+    ask = dict(
+        model="slow-llama",
+        messages=[{"role": "user", "content": "Weather in Oslo?"}],
+        tools=[WEATHER_TOOL],
+        options={"num_predict": 8, "temperature": 0},
     )
-    assert len(parts) == 1 and parts[0].done and parts[0].message.content is not None
+    parts = list(client.chat(**ask, stream=True))
+    whole = client.chat(**ask, stream=False)
+    assert len(parts) > 2 and parts[-1].done and not any(p.done for p in parts[:-1])
+    assert "".join(p.message.content or "" for p in parts) == whole.message.content.strip()
+    assert not whole.message.tool_calls
 
 
 @pytest.mark.parametrize(

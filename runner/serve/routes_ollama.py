@@ -20,6 +20,7 @@ from taskrun.tasks import events as ev
 from taskrun.tasks.wire import ollama_api as ol
 from taskrun.tasks.wire.errors import APIError
 from taskrun.tasks.wire.jobspec import Uploads
+from taskrun.tasks.wire.tools import ToolStream
 
 
 def register(app: FastAPI, service) -> None:
@@ -78,13 +79,22 @@ async def _text(service, request: Request, chat: bool):
 
 
 async def _lines(chat: bool, model: str, running, events, t0: float, asked, body: dict):
+    calls = ToolStream(asked) if asked is not None else None  # with tools: text streamed, calls once complete
     async for event in events:
-        if isinstance(event, ev.Token) and asked is None:  # with tools, the answer comes whole at the end
+        if not isinstance(event, ev.Token):
+            continue
+        if calls is None:
             yield ol.text_line(chat, model, event.text)
+        else:
+            for line in ol.stream_lines(model, calls.feed(event.text)):
+                yield line
     try:
         rec = await running.result()
     except APIError as exc:
         yield {"error": exc.message, "run_id": getattr(exc, "run_id", None)}  # Ollama's shape
         return
+    if calls is not None and rec.results:
+        for line in ol.stream_lines(model, calls.close(rec.results[0])):
+            yield line
     await unload_if_asked(body, rec)
-    yield ol.final_line(chat, model, rec, time.perf_counter() - t0, asked=asked)
+    yield ol.final_line(chat, model, rec, time.perf_counter() - t0)

@@ -148,8 +148,7 @@ async def _completion_chunks(running, events, chunks: CompletionChunks):
         yield chunk
     async for event in events:
         if isinstance(event, ev.Token):
-            chunk = chunks.piece(event.text, event.index)
-            if chunk is not None:
+            for chunk in chunks.piece(event.text, event.index):
                 yield chunk
     try:
         rec = await running.result()

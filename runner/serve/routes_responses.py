@@ -66,9 +66,9 @@ async def _events(running, events, chunks: CompletionChunks, build: ResponseBuil
         yield event
     async for event in events:
         if isinstance(event, ev.Token):
-            chunk = chunks.piece(event.text, event.index)
-            for out in build.events(chunk) if chunk is not None else ():
-                yield out
+            for chunk in chunks.piece(event.text, event.index):
+                for out in build.events(chunk):
+                    yield out
     try:
         rec = await running.result()
     except APIError as exc:

@@ -191,10 +191,24 @@ def chat_tools(body: dict) -> tool_calls.ToolRequest | None:
 def ollama_calls(asked: tool_calls.ToolRequest, result) -> tuple[str, list[dict]]:
     """(the text left, the calls in Ollama's shape: arguments as an object, no ids)."""
     content, calls = asked.calls(result)
-    return content or "", [
-        {"function": {"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])}}
-        for c in calls
-    ]
+    return content or "", [ollama_call(c) for c in calls]
+
+
+def ollama_call(call: dict) -> dict:
+    """An OpenAI tool call in Ollama's shape."""
+    return {"function": {"name": call["function"]["name"], "arguments": json.loads(call["function"]["arguments"])}}
+
+
+def stream_lines(model: str, parts) -> list[dict]:
+    """Streamed /api/chat lines for a ToolStream's parts: text as content, each call as soon as it
+    is complete in a line of its own (as Ollama streams them)."""
+    out = []
+    for kind, value in parts:
+        line = text_line(True, model, value if kind == "text" else "")
+        if kind == "call":
+            line["message"]["tool_calls"] = [ollama_call(value)]
+        out.append(line)
+    return out
 
 
 def embed_spec(body: dict) -> JobSpec:

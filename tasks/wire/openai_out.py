@@ -143,7 +143,9 @@ class CompletionChunks:
 
     def __init__(self, chat: bool, model: str, include_usage: bool, request_id: str, asked=None) -> None:
         self.chat, self.model, self.include_usage = chat, model, include_usage
-        self.asked = asked  # tools asked for: the text is held back and sent as calls at the end
+        self.asked = asked  # tools asked for: each choice's text read by a ToolStream (tasks/wire/tools.py)
+        self._streams: dict = {}  # choice index → its ToolStream
+        self._sent: dict[int, int] = {}  # choice index → tool calls sent
         self.id = ("chatcmpl-" if chat else "cmpl-") + request_id
         self.created = int(time.time())
 
@@ -163,23 +165,37 @@ class CompletionChunks:
         delta = {"role": "assistant", "content": ""}
         return [self._chunk([{"index": 0, "delta": delta, "finish_reason": None, "logprobs": None}])]
 
-    def piece(self, text: str, index: int) -> dict | None:
-        if self.asked is not None:
-            return None  # a call is only known once its closing tag is written
-        if self.chat:
-            return self._chunk([{"index": index, "delta": {"content": text}, "finish_reason": None, "logprobs": None}])
-        return self._chunk([{"index": index, "text": text, "finish_reason": None, "logprobs": None}])
+    def _delta(self, index: int, delta: dict) -> dict:
+        return self._chunk([{"index": index, "delta": delta, "finish_reason": None, "logprobs": None}])
 
-    def _held(self, index: int, message: dict) -> list[dict]:
-        """The held-back answer as OpenAI streams it: its text, then each call whole."""
+    def _stream(self, index: int):
+        from taskrun.tasks.wire.tools import ToolStream
+
+        if index not in self._streams:
+            self._streams[index] = ToolStream(self.asked)
+        return self._streams[index]
+
+    def _parts(self, index: int, parts) -> list[dict]:
+        """Chunks for a tool stream's parts: text as content deltas, each call whole, numbered
+        within its choice as OpenAI numbers ``tool_calls[].index``."""
         out = []
-        if message.get("content"):
-            delta = {"content": message["content"]}
-            out.append(self._chunk([{"index": index, "delta": delta, "finish_reason": None, "logprobs": None}]))
-        for n, call in enumerate(message.get("tool_calls", ())):
-            delta = {"tool_calls": [{"index": n, **call}]}
-            out.append(self._chunk([{"index": index, "delta": delta, "finish_reason": None, "logprobs": None}]))
+        for kind, value in parts:
+            if kind == "text":
+                out.append(self._delta(index, {"content": value}))
+            else:
+                n = self._sent.get(index, 0)
+                self._sent[index] = n + 1
+                out.append(self._delta(index, {"tool_calls": [{"index": n, **value}]}))
         return out
+
+    def piece(self, text: str, index: int) -> list[dict]:
+        """The chunks for one piece of a choice's text: itself, or with tools asked for what of
+        it is known not to be part of a call (and each call as soon as it is closed)."""
+        if self.asked is not None:
+            return self._parts(index, self._stream(index).feed(text))
+        if self.chat:
+            return [self._delta(index, {"content": text})]
+        return [self._chunk([{"index": index, "text": text, "finish_reason": None, "logprobs": None}])]
 
     def end(self, rec) -> list[dict]:
         """The finishing chunks, the last one carrying the run id."""
@@ -188,8 +204,10 @@ class CompletionChunks:
         for i, r in enumerate(results):
             reason = finish_reason(r.finish_reason)
             if self.asked is not None:
-                message, reason = chat_message(r, self.asked)
-                out.extend(self._held(i, message))
+                stream = self._stream(i)
+                out.extend(self._parts(i, stream.close(r)))
+                if stream.calls:
+                    reason = "tool_calls"
             choice = (
                 {"index": i, "delta": {}, "finish_reason": reason, "logprobs": None}
                 if self.chat

@@ -21,18 +21,14 @@ class ResponseBuilder:
         self.reason: str | None = None
         self.usage: dict | None = None
         self.run_id: str | None = None
-        self.message_id = new_id("msg")
+        self.message_id = new_id("msg")  # the open (or next) message item's id
+        self.items: list[dict] = []  # the output in order: {"message": id, "text": str} or {"call": call}
         self._seq = 0
-        self._open = False  # the message item has been announced
+        self._open = False  # a message item is open (announced, not yet done)
 
     def response(self, status: str) -> dict:
         body = self.req.body
-        output: list[dict] = []
-        if self.text or not self.calls:
-            part = {"type": "output_text", "text": self.text, "annotations": [], "logprobs": []}
-            done = "completed" if status != "in_progress" else "in_progress"
-            output.append(self._message([part] if status != "in_progress" else [], done))
-        output += [self._call(c, "completed") for c in self.calls]
+        output = [self._item(item) for item in self.items or [{"message": self.message_id, "text": ""}]]
         fmt = (body.get("text") or {}).get("format") or {"type": "text"}
         out = {
             "id": self.req.id,
@@ -66,8 +62,15 @@ class ResponseBuilder:
     def status(self) -> str:
         return "incomplete" if self.reason == "length" else "completed"
 
-    def _message(self, content: list, status: str) -> dict:
-        return {"id": self.message_id, "type": "message", "status": status, "role": "assistant", "content": content}
+    def _message(self, content: list, status: str, item_id: str | None = None) -> dict:
+        mid = item_id or self.message_id
+        return {"id": mid, "type": "message", "status": status, "role": "assistant", "content": content}
+
+    def _item(self, item: dict) -> dict:
+        if "call" in item:
+            return self._call(item["call"], "completed")
+        part = {"type": "output_text", "text": item["text"], "annotations": [], "logprobs": []}
+        return self._message([part], "completed", item["message"])
 
     def _call(self, call: dict, status: str) -> dict:
         fn = call["function"]
@@ -99,6 +102,8 @@ class ResponseBuilder:
         message = choice["message"]
         self.text = message.get("content") or ""
         self.calls = list(message.get("tool_calls") or [])
+        self.items = [{"message": self.message_id, "text": self.text}] if self.text or not self.calls else []
+        self.items += [{"call": c} for c in self.calls]
         self.reason, self.usage = choice["finish_reason"], chat.get("usage")
         return self.response(self.status())
 
@@ -124,10 +129,12 @@ class ResponseBuilder:
         if self._open:
             return []
         self._open = True
+        self.items.append({"message": self.message_id, "text": ""})
         part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-        ids = {"output_index": 0, "item_id": self.message_id, "content_index": 0}
+        n = len(self.items) - 1
+        ids = {"output_index": n, "item_id": self.message_id, "content_index": 0}
         return [
-            self._event("response.output_item.added", output_index=0, item=self._message([], "in_progress")),
+            self._event("response.output_item.added", output_index=n, item=self._message([], "in_progress")),
             self._event("response.content_part.added", part=part, **ids),
         ]
 
@@ -143,13 +150,15 @@ class ResponseBuilder:
             if delta.get("content"):
                 out += self._open_message()
                 self.text += delta["content"]
-                ids = {"output_index": 0, "item_id": self.message_id, "content_index": 0}
+                self.items[-1]["text"] += delta["content"]
+                ids = {"output_index": len(self.items) - 1, "item_id": self.message_id, "content_index": 0}
                 out.append(self._event("response.output_text.delta", delta=delta["content"], logprobs=[], **ids))
             for call in delta.get("tool_calls") or ():
                 out += self._close_message()
                 call = {k: v for k, v in call.items() if k != "index"}
                 self.calls.append(call)
-                n = self._index(call)
+                self.items.append({"call": call})
+                n = len(self.items) - 1
                 item = self._call(call, "in_progress")
                 args = call["function"]["arguments"]
                 out.append(self._event("response.output_item.added", output_index=n, item=item))
@@ -163,20 +172,20 @@ class ResponseBuilder:
                 self.reason = choice["finish_reason"]
         return out
 
-    def _index(self, call: dict) -> int:
-        return (1 if self.text else 0) + self.calls.index(call)
-
     def _close_message(self) -> list[dict]:
         if not self._open:
             return []
         self._open = False
-        part = {"type": "output_text", "text": self.text, "annotations": [], "logprobs": []}
-        ids = {"output_index": 0, "item_id": self.message_id, "content_index": 0}
-        return [
-            self._event("response.output_text.done", text=self.text, logprobs=[], **ids),
+        n, text = len(self.items) - 1, self.items[-1]["text"]
+        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+        ids = {"output_index": n, "item_id": self.message_id, "content_index": 0}
+        done = [
+            self._event("response.output_text.done", text=text, logprobs=[], **ids),
             self._event("response.content_part.done", part=part, **ids),
-            self._event("response.output_item.done", output_index=0, item=self._message([part], "completed")),
+            self._event("response.output_item.done", output_index=n, item=self._message([part], "completed")),
         ]
+        self.message_id = new_id("msg")  # text after a call is a message item of its own
+        return done
 
     def finish(self) -> list[dict]:
         """The last events: the message closed (announced even when empty, as OpenAI does for a

@@ -4,7 +4,9 @@
 The tools are told to the model in the Hermes format that Qwen2.5's chat template writes (and
 that SmolLM2 follows from a system prompt): the signatures inside ``<tools></tools>`` in the system
 prompt, each call answered as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, each
-result fed back as a user turn inside ``<tool_response></tool_response>``. With ``tool_choice``
+result fed back as a user turn inside ``<tool_response></tool_response>``. An answer that is
+nothing but calls written as bare JSON (``{"name": ..., "arguments": ...}``, in a code fence or
+not: what Qwen2.5-Coder writes) is read as those calls too, as llama.cpp's Hermes parser reads it. With ``tool_choice``
 ``required`` or a named function the answer is decoded under a grammar (generate's json_schema:
 pipelines/llm/grammar.py) built from the functions' parameter schemas, so the arguments always
 parse and validate; with ``auto`` the model chooses, and what it wrote is parsed.
@@ -74,18 +76,178 @@ class ToolRequest:
                 if call is not None:
                     found.append(call)
                     rest = rest.replace(m.group(0), "", 1)
+            if not found:
+                found = bare_calls(result.text, names)
+                rest = "" if found else rest
         if not self.parallel:
             found = found[:1]
-        tool_calls = [
-            {
-                "id": "call_" + uuid.uuid4().hex[:24],
-                "type": "function",
-                "function": {"name": c["name"], "arguments": json.dumps(c.get("arguments") or {})},
-            }
-            for c in found
-        ]
+        tool_calls = [_openai_call(c) for c in found]
         rest = rest.strip()
         return (rest or None) if tool_calls else result.text, tool_calls
+
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+
+class ToolStream:
+    """The answer of one choice, read as it is written: text is passed on at once, except the
+    few characters that may be the start of ``<tool_call>``; each call is passed on as soon as
+    its closing tag is written. What it yields, in order: ``("text", str)`` and ``("call",
+    tool_call)`` (OpenAI's shape, as ``ToolRequest.calls`` makes them); the same text and calls
+    the unstreamed answer has, less the whitespace ``calls`` strips.
+
+    An answer that begins as a bare JSON call to a known function (``{"name": "weather", …``) is
+    held until it ends, then read as ``calls`` reads it; one that begins otherwise streams at once.
+    Under a grammar (tool_choice required or named) the whole answer is one call: nothing is
+    passed on before it is complete (``close``)."""
+
+    def __init__(self, asked: ToolRequest) -> None:
+        self.asked = asked
+        self.names = {t["name"] for t in asked.tools}
+        self.grammar = asked.choice != "auto"
+        self.calls = 0  # the calls passed on so far
+        self._buf = ""  # text not yet passed on
+        self._inside = False  # within <tool_call>…
+        self._space = ""  # whitespace held: passed on only when text follows it
+        self._started = False  # some text has been passed on
+        self._bare: bool | None = None  # the answer is bare JSON calls (held to the end); None: not yet known
+
+    def feed(self, text: str) -> list[tuple[str, Any]]:
+        if self.grammar:
+            return []
+        self._buf += text
+        if self._bare is None:
+            self._bare = _bare_start(self._buf, self.names)
+        if self._bare is not False:
+            return []  # bare calls are read whole, at the end
+        out: list[tuple[str, Any]] = []
+        while True:
+            if not self._inside:
+                at = self._buf.find(OPEN)
+                if at >= 0:
+                    out += self._text(self._buf[:at])
+                    self._buf, self._inside = self._buf[at + len(OPEN) :], True
+                    continue
+                keep = _partial(self._buf, OPEN)
+                out += self._text(self._buf[: len(self._buf) - keep])
+                self._buf = self._buf[len(self._buf) - keep :]
+                return out
+            at = self._buf.find(CLOSE)
+            if at < 0:
+                return out
+            raw, self._buf, self._inside = self._buf[:at], self._buf[at + len(CLOSE) :], False
+            out += self._call(raw)
+
+    def close(self, result) -> list[tuple[str, Any]]:
+        """What is left once the answer is complete (``result``: the choice's generate result)."""
+        if self.grammar:
+            content, calls = self.asked.calls(result)
+            self.calls = len(calls)
+            return ([("text", content)] if content else []) + [("call", c) for c in calls]
+        if self._bare is not False:
+            found = bare_calls(self._buf, self.names)
+            self._bare = False
+            if found:
+                self._buf = ""
+                self.calls = len(found)
+                return [("call", _openai_call(c)) for c in found[: None if self.asked.parallel else 1]]
+            out = self.feed("")
+        else:
+            out = []
+        rest, self._buf = self._buf, ""
+        if self._inside:  # a call cut short: a call if what was written parses, else text
+            self._inside = False
+            return out + self._call(rest, cut=True)
+        return out + self._text(rest)
+
+    def _call(self, raw: str, cut: bool = False) -> list[tuple[str, Any]]:
+        call = _parse(raw.strip(), self.names)
+        if call is None:
+            return self._text(OPEN + raw + ("" if cut else CLOSE))
+        self.calls += 1
+        if self.calls > 1 and not self.asked.parallel:
+            return []  # one call only: the others are dropped, as the unstreamed answer drops them
+        self._space = ""
+        return [("call", _openai_call(call))]
+
+    def _text(self, text: str) -> list[tuple[str, Any]]:
+        """Text passed on, its whitespace at the ends held: passed on when more text follows,
+        dropped before a call and at the end (as ``calls`` strips the text it leaves)."""
+        body = text.rstrip()
+        if not body:
+            if self._started:
+                self._space += text
+            return []
+        if not self._started:
+            body = body.lstrip()
+        self._started = True
+        out, self._space = self._space + body, text[len(text.rstrip()) :]
+        return [("text", out)]
+
+
+def _partial(text: str, tag: str) -> int:
+    """The length of the longest end of ``text`` that is a beginning of ``tag``."""
+    for n in range(min(len(text), len(tag) - 1), 0, -1):
+        if tag.startswith(text[-n:]):
+            return n
+    return 0
+
+
+def _openai_call(call: dict) -> dict:
+    return {
+        "id": "call_" + uuid.uuid4().hex[:24],
+        "type": "function",
+        "function": {"name": call["name"], "arguments": json.dumps(call.get("arguments") or {})},
+    }
+
+
+_FENCE = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.DOTALL)
+
+
+def bare_calls(text: str, names: set[str]) -> list[dict]:
+    """The calls of an answer that is only calls written as bare JSON objects (one or more, in a
+    code fence or not), each to a known function; [] for any other answer."""
+    fenced = _FENCE.match(text)
+    body = (fenced.group(1) if fenced else text).strip()
+    if not body.startswith("{"):
+        return []
+    decoder, at, calls = json.JSONDecoder(), 0, []
+    while at < len(body):
+        try:
+            value, end = decoder.raw_decode(body, at)
+        except json.JSONDecodeError:
+            return []
+        call = _parse(json.dumps(value), names) if isinstance(value, dict) and "name" in value else None
+        if call is None:
+            return []
+        calls.append(call)
+        at = end
+        while at < len(body) and body[at] in " \t\r\n,":
+            at += 1
+    return calls
+
+
+_BARE_START = '{"name":"'
+
+
+def _bare_start(text: str, names: set[str]) -> bool | None:
+    """Whether an answer that begins with ``text`` is a bare JSON call to a known function:
+    True, False, or None while it cannot yet be told."""
+    body = text.lstrip()
+    if body.startswith("`"):
+        if "```json".startswith(body.rstrip()):
+            return None
+        head = re.match(r"```(?:json)?\s*", body)
+        if head is None or head.end() == len(body):
+            return None if "```json".startswith(body.rstrip()) or head is not None else False
+        body = body[head.end() :]
+    named = re.match(r'\{\s*"name"\s*:\s*"([^"]*)("?)', body)
+    if named is None:  # not yet at the name, or not a call
+        return None if _BARE_START.startswith(re.sub(r"\s+", "", body)) else False
+    name, closed = named.groups()
+    if closed:
+        return name in names
+    return None if any(n.startswith(name) for n in names) else False
 
 
 def _parse(text: str, names: set[str]) -> dict | None:
