@@ -340,6 +340,57 @@ def test_a_damaged_prompt_copy_falls_back_and_is_remade(tiny_q4, monkeypatch):
     assert int(got.argmax()) == int(want.argmax())
 
 
+def test_a_batched_sequence_reads_its_prompt_on_the_float16_copy_as_a_lone_one_does(tiny_q4, monkeypatch):
+    """The server's batch (llamacpp_batch.py) reads a prompt where the single-stream path does,
+    on the float16 copy, so the logits after it are the lone path's bit for bit: cold, and on
+    top of a kept prefix. Read on the 4-bit model instead (as before), answers at temperature 0
+    parted from the CLI's (smollm2-135m: 6 of the 24 eval cases; tests/test_batch_real.py checks
+    the real model through a real server)."""
+    import numpy as np
+
+    from taskrun.models.resolve import resolve
+    from taskrun.pipelines.llm.llamacpp import LlamaCppEngine
+    from taskrun.pipelines.llm.llamacpp_batch import BatchEngine
+    from taskrun.tasks.seq_batch import Join
+
+    monkeypatch.setenv("TASKRUN_PROMPT_CACHE", "0")
+    llm = copy.copy(LlamaCppEngine.load(resolve(tiny_q4), "cpu", "auto"))
+    first = llm.prompt_ids(" ".join(["The capital of France is Paris."] * 12))
+    second = first + llm.prompt_ids(" And the capital of Norway is Oslo.")[1:]
+    lone = [llm.prefill(first).copy(), llm.prefill(second).copy()]
+    llm.free()
+    assert llm.prompt_native is not None
+    batch = BatchEngine(llm, Join(3))
+    assert batch.plain_kv
+    slot = batch.slots[2]  # not stream 0: the state moves between 1 and 3 streams
+    cold = batch.prefill(slot, first, 0, None)
+    assert np.array_equal(cold, lone[0]) and slot.tokens == first
+    kept = batch.prefill(slot, second, len(first), None)  # its prefix went to the copy and back
+    assert slot.tokens == second
+    # the cold read and the kept prefix give the lone path's reads: equal up to the chunking of
+    # the second read (the lone one read it whole), so compare its choice, and the cold read exactly
+    assert int(kept.argmax()) == int(lone[1].argmax())
+    assert float(np.dot(kept, lone[1]) / np.linalg.norm(kept) / np.linalg.norm(lone[1])) > 0.999
+
+
+def test_restream_moves_one_sequence_between_kv_layouts():
+    from taskrun.pipelines.llm.llamacpp_native import restream
+
+    def u32(*xs):
+        return b"".join(x.to_bytes(4, "little") for x in xs)
+
+    cells = u32(2) + b"cells-and-data"
+    one = u32(0xAF143CD8, 0, 1) + cells  # a context with one stream, sequence 0
+    three = restream(one, 1, 0, 3, 2)
+    assert three == u32(0xAF143CD8, 2, 3, 0, 0) + cells
+    assert restream(three, 3, 2, 1, 0) == one
+    assert restream(u32(1) + cells, 1, 0, 2, 1) == u32(2, 0) + cells  # no tag before it
+    assert restream(u32(1) + cells, 1, 0, 2, 0) == u32(2) + cells + u32(0)
+    assert restream(u32(0xAF143CD8, 0, 2) + cells, 1, 0, 3, 0) is None  # not the stream count said
+    assert restream(u32(0xAF143CD8, 0, 1, 0), 1, 0, 2, 0) is None  # an empty sequence
+    assert restream(u32(0xAF143CD8, 2, 3, 0, 7) + cells, 3, 2, 1, 0) is None  # stream 1 not empty
+
+
 # ----------------------------------------------------------------- the prompt cache (llamacpp.py, _resume)
 
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 
@@ -279,11 +279,12 @@ class LlamaCppEngine(LLMEngine):
         helper = self._prompt_native()
         logits = None
         if helper is not None:
-            helper.ensure(size)
-            helper.clear()
-            logits = self._logits(helper.eval(arr, n))
-            if not helper.move_kv_to(native):
-                logits = None
+            with helper.lock:
+                helper.ensure(size)
+                helper.clear()
+                logits = self._logits(helper.eval(arr, n))
+                if not helper.move_kv_to(native):
+                    logits = None
         if logits is None:
             logits = self._logits(native.eval(arr, n))
         native.prompt_end = (n, logits.copy())
@@ -307,16 +308,17 @@ class LlamaCppEngine(LLMEngine):
         rest = ids[keep:]
         arr = (self.lib.llama_token * len(rest))(*rest)
         helper = self._prompt_native()
-        if helper is not None:
-            helper.ensure(native.n_ctx)
-        if helper is not None and native.move_kv_to(helper):
-            # the new tokens read on the float16 copy, as a cold prompt is: its KV goes there and back
-            logits = self._logits(helper.eval(arr, len(rest)))
-            if not helper.move_kv_to(native):
-                helper.clear()
-                return None  # both caches are empty now: the caller reads the prompt whole
-        else:
-            logits = self._logits(native.eval(arr, len(rest)))
+        with helper.lock if helper is not None else nullcontext():
+            if helper is not None:
+                helper.ensure(native.n_ctx)
+            if helper is not None and native.move_kv_to(helper):
+                # the new tokens read on the float16 copy, as a cold prompt is: its KV goes there and back
+                logits = self._logits(helper.eval(arr, len(rest)))
+                if not helper.move_kv_to(native):
+                    helper.clear()
+                    return None  # both caches are empty now: the caller reads the prompt whole
+            else:
+                logits = self._logits(native.eval(arr, len(rest)))
         self.cached_tokens = keep
         return logits
 

@@ -19,8 +19,11 @@ that goes away ends only its own sequence.
 Prompt cache per slot, as the single-stream engine's (llamacpp.py): a new job takes the free slot
 of its own cache scope (tasks/cache_scope.py, the API key) whose tokens share the longest prefix
 with its prompt, keeps that prefix and reads the rest; a slot last used by another scope is read
-whole and reports 0 cached tokens. Prompts are read on the model itself, never the float16 prompt
-copy (that would move each slot's KV between two contexts while the others decode).
+whole and reports 0 cached tokens. Where the engine has a float16 prompt copy (a small 4/5-bit
+GGUF: models/gguf.py), prompts are read on it as on the single-stream path, under the decode lock:
+the slot's kept prefix is copied to the copy's context, the rest read there, and the sequence
+copied back into the slot (``llama_state_seq_*``), so a batched answer at temperature 0 is the
+one the CLI gives for the same prompt (read on the 4-bit model instead, the answers parted).
 
 Same tokens as the single-stream path: a step of several sequences runs llama.cpp's
 matrix-matrix kernels where one sequence runs matrix-vector ones, so logits can differ in the last
@@ -36,7 +39,7 @@ import time
 from contextlib import nullcontext
 
 from taskrun.models.fit import _available_ram
-from taskrun.pipelines.llm.llamacpp_native import BATCH, decode_threads, log_tail, prompt_threads
+from taskrun.pipelines.llm.llamacpp_native import BATCH, copy_seq, decode_threads, log_tail, prompt_threads
 from taskrun.tasks import cache_scope
 from taskrun.tasks.base import TaskError
 from taskrun.tasks.seq_batch import Join
@@ -98,6 +101,11 @@ class BatchEngine:
         self.mem = lib.llama_get_memory(self.ctx)
         self.n_ctx_seq = min(self.n_ctx_seq, int(lib.llama_n_ctx_seq(self.ctx)))
         self.slots = [_Slot(i) for i in range(n)]
+        # one KV cache per sequence, of one attention kind: a sequence's state can be moved to and
+        # from the float16 prompt copy's context (copy_seq); sliding-window and recurrent models' cannot
+        self.plain_kv = not (
+            lib.llama_model_n_swa(model) > 0 or lib.llama_model_is_recurrent(model) or lib.llama_model_is_hybrid(model)
+        )
         self.batch = lib.llama_batch_init(max(BATCH, n), 0, 1)
         self.cond = threading.Condition()  # slots, pending steps, the join's counts
         self.decode_lock = threading.Lock()  # one llama_decode at a time (prefills and steps)
@@ -165,7 +173,11 @@ class BatchEngine:
                 # the prompt its last job read, whole: that read's logits, bit for bit (reading its
                 # last token again alone would round differently and could change the answer)
                 logits = end[1]
-            for start in range(keep, n, BATCH):
+            elif keep < n:
+                logits = self._read_on_copy(slot, ids, keep)
+                if logits is None and len(slot.tokens) < keep:  # the copy failed half-way: read it all here
+                    keep = 0
+            for start in range(keep if logits is None else n, n, BATCH):
                 part = ids[start : start + BATCH]
                 last = start + len(part) == n
                 self._fill([(slot.seq, t, start + i, last and i == len(part) - 1) for i, t in enumerate(part)])
@@ -179,6 +191,39 @@ class BatchEngine:
         with self.cond:
             self.decoding += 1
         return logits.copy()
+
+    def _read_on_copy(self, slot: _Slot, ids: list[int], keep: int):
+        """The logits after ``ids`` read on the engine's float16 prompt copy, as the single-stream
+        path reads prompts (so a batched answer is the answer a lone run gives): the slot's kept
+        prefix goes to the copy's context, the rest is read there, and the whole sequence comes
+        back into the slot. None where there is no copy or llama.cpp could not move the KV (the
+        slot then holds its first ``len(slot.tokens)`` tokens). Called under ``decode_lock``."""
+        helper = self.base._prompt_native() if self.plain_kv else None
+        if helper is None:
+            return None
+        lib, streams = self.lib, len(self.slots)
+        with helper.lock:
+            try:
+                helper.ensure(self.n_ctx_seq)
+                helper.clear()
+                if keep and not copy_seq(lib, self.ctx, slot.seq, helper.ctx, 0, (streams, 1)):
+                    return None
+                helper.tokens = list(ids[:keep])
+                rest = ids[keep:]
+                logits = self.base._logits(helper.eval((lib.llama_token * len(rest))(*rest), len(rest)))
+                lib.llama_memory_seq_rm(self.mem, slot.seq, 0, -1)
+                del slot.tokens[:]
+                if not copy_seq(lib, helper.ctx, 0, self.ctx, slot.seq, (1, streams)):
+                    lib.llama_memory_seq_rm(self.mem, slot.seq, 0, -1)
+                    return None
+                slot.tokens.extend(ids)
+                return logits
+            except TaskError:
+                lib.llama_memory_seq_rm(self.mem, slot.seq, 0, -1)
+                del slot.tokens[:]
+                return None
+            finally:
+                helper.clear()
 
     def step(self, slot: _Slot, token: int):
         """Append ``token`` to ``slot``'s sequence in the next batched step → its next logits."""
