@@ -159,6 +159,10 @@ def joined(entry: dict, name: str, cache: Path, package_path) -> Path | None:
                 from taskrun.models.cache_record import note_written
 
                 note_written(target_dir, cache)  # ours: `run cache prune --all` may remove it
+    elif entry.get("sha256") and _holds_only(target_dir, {target.name} | _beside(entry)):
+        from taskrun.models.cache_record import note_written
+
+        note_written(target_dir, cache)  # the pinned bytes, joined before the record existed: ours too
     for extra in entry.get("with", []):  # small files that sit beside the joined one
         module, _, rel = extra.partition(":")
         src = package_path({"package": module}) / rel
@@ -171,3 +175,53 @@ def joined(entry: dict, name: str, cache: Path, package_path) -> Path | None:
             finally:
                 tmp.unlink(missing_ok=True)
     return target if entry.get("join_as") and not entry.get("with") else target_dir
+
+
+def known_joins() -> dict[str, tuple[str, str, frozenset[str]]]:
+    """What taskrun joins into ``<cache>/joined/``: alias → (the joined file's name, the sha256
+    models.toml pins for it, the names of the files the join puts beside it), for every entry that
+    pins one. An entry without a pinned digest is not here: its join cannot be told from a user's."""
+    from taskrun.models.resolve import aliases
+
+    known = {}
+    for name, entry in aliases().items():
+        if entry.get("join") and entry.get("sha256"):
+            pinned = "sha256:" + entry["sha256"].removeprefix("sha256:")
+            known[name] = (entry.get("join_as", "model.bin"), pinned, _beside(entry))
+    return known
+
+
+def _beside(entry: dict) -> frozenset[str]:
+    """The names of the small files (``with``) the join puts beside the joined one."""
+    return frozenset(ref.partition(":")[2].rsplit("/", 1)[-1] for ref in entry.get("with", []))
+
+
+def _holds_only(folder: Path, names: set[str] | frozenset[str]) -> bool:
+    """Is ``folder`` a real folder with nothing in it but ``names`` (so none of it is the user's)?"""
+    try:
+        return not folder.is_symlink() and {p.name for p in folder.iterdir()} <= names
+    except OSError:
+        return False
+
+
+def recognised(cache: Path, name: str) -> bool:
+    """Is the cache entry ``name`` a join of taskrun's, byte for byte, though it is not in the
+    record of what taskrun wrote (it was joined before that record existed)? Only ``joined/ALIAS``
+    for an alias of :func:`known_joins`, a real folder holding nothing but what the join writes
+    there, whose joined file hashes to the pinned sha256 (read once; then its stamp in
+    digests.json answers). Anything else may be the user's."""
+    folder, _, alias = name.partition("/")
+    known = known_joins().get(alias) if folder == "joined" else None
+    if known is None:
+        return False
+    file_name, pinned, beside = known
+    path = cache / name
+    target = path / file_name
+    try:
+        if target.is_symlink() or not target.is_file() or not _holds_only(path, {file_name} | beside):
+            return False
+        from taskrun.models.digest import digest_path
+
+        return digest_path(target, cache) == pinned
+    except OSError:
+        return False
