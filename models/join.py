@@ -149,15 +149,16 @@ def joined(entry: dict, name: str, cache: Path, package_path) -> Path | None:
         target_dir.mkdir(parents=True, exist_ok=True)
         import fcntl
 
+        from taskrun.models.cache_record import note_written
+
         with open(target_dir.parent / f".{name}.lock", "w") as lock:
+            note_written(Path(lock.name), cache)  # an empty file of taskrun's: prune may remove it
             fcntl.flock(lock, fcntl.LOCK_EX)  # a second process waits, then finds the file joined
             if not _intact(entry, target, size, cache):
                 if target.exists():
                     target.unlink()  # read-only and changed: replaced whole from the parts
                 digest = _copy_parts(entry, parts, target)
                 _record_digest(target, digest, cache)
-                from taskrun.models.cache_record import note_written
-
                 note_written(target_dir, cache)  # ours: `run cache prune --all` may remove it
     elif entry.get("sha256") and _holds_only(target_dir, {target.name} | _beside(entry)):
         from taskrun.models.cache_record import note_written
@@ -191,6 +192,18 @@ def known_joins() -> dict[str, tuple[str, str, frozenset[str]]]:
     return known
 
 
+def _is_join_lock(path: Path, alias: str) -> bool:
+    """Is ``path`` the lock file joined() takes for ``alias`` (an empty file, of a join alias)?"""
+    from taskrun.models.resolve import aliases
+
+    if not aliases().get(alias, {}).get("join") or path.is_symlink():
+        return False
+    try:
+        return path.is_file() and path.stat().st_size == 0
+    except OSError:
+        return False
+
+
 def _beside(entry: dict) -> frozenset[str]:
     """The names of the small files (``with``) the join puts beside the joined one."""
     return frozenset(ref.partition(":")[2].rsplit("/", 1)[-1] for ref in entry.get("with", []))
@@ -211,7 +224,11 @@ def recognised(cache: Path, name: str) -> bool:
     there, whose joined file hashes to the pinned sha256 (read once; then its stamp in
     digests.json answers). Anything else may be the user's."""
     folder, _, alias = name.partition("/")
-    known = known_joins().get(alias) if folder == "joined" else None
+    if folder != "joined":
+        return False
+    if alias.startswith(".") and alias.endswith(".lock"):  # the empty lock a join takes (joined())
+        return _is_join_lock(cache / name, alias[1:-5])
+    known = known_joins().get(alias)
     if known is None:
         return False
     file_name, pinned, beside = known

@@ -166,27 +166,36 @@ def test_a_join_from_before_the_record_is_recognised_by_its_sha256_and_the_rest_
         for name, content in files.items():
             (joined / alias / name).write_bytes(content)
     (joined / "my-merged-model.bin").write_bytes(data)  # the user's own, even with the same bytes
+    (joined / ".whisper-base.lock").write_bytes(b"")  # the empty lock a join of models.toml's takes
+    (joined / ".my-model.lock").write_bytes(b"")  # not a join taskrun knows
     assert not (cache / ".taskrun-written").exists()  # nothing recorded: all from before the record
 
     kinds = {e["name"]: e["kind"] for e in _cache("list")["entries"]}
-    assert kinds["joined/tiny-joined"] == "joined", kinds
+    assert kinds["joined/tiny-joined"] == kinds["joined/.whisper-base.lock"] == "joined", kinds
     assert {kinds[n] for n in ("joined/edited-joined", "joined/crowded-joined", "joined/my-merged-model.bin")} == {
         "other"
     }
+    assert kinds["joined/.my-model.lock"] == "other"
     assert "joined/tiny-joined" in written(cache)  # adopted into the record
 
     r = CliRunner().invoke(main, ["cache", "prune", "--all"])
     assert r.exit_code == 0, r.output
     assert "removed joined/tiny-joined" in r.stdout
-    for name in ("joined/edited-joined", "joined/crowded-joined", "joined/my-merged-model.bin"):
+    for name in (
+        "joined/edited-joined",
+        "joined/crowded-joined",
+        "joined/my-merged-model.bin",
+        "joined/.my-model.lock",
+    ):
         assert f"left {name}" in r.stderr and (cache / name).exists(), r.stderr
-    assert not (joined / "tiny-joined").exists()
+    assert not (joined / "tiny-joined").exists() and not (joined / ".whisper-base.lock").exists()
     assert (joined / "crowded-joined" / "tiny.gguf").read_bytes() == data  # nothing inside touched
     left = _cache("prune", "--all")
     assert left["removed"] == [] and set(left["left"]) == {
         "joined/edited-joined",
         "joined/crowded-joined",
         "joined/my-merged-model.bin",
+        "joined/.my-model.lock",
     }
 
 

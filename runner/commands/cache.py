@@ -29,7 +29,8 @@ KINDS = [
         "llamacpp",
         "a float16 copy of a small GGUF that llama.cpp reads prompts with",
     ),  # llamacpp_native.py
-    ("joined/*", "joined", "a model joined from its split weight packages"),  # models/resolve.py
+    ("joined/.*.lock", "joined", "the lock taken while a model is joined"),  # models/join.py
+    ("joined/*", "joined", "a model joined from its split weight packages"),  # models/join.py
     ("search-index.sqlite*", "search", "search: corpus chunks and their vectors"),  # pipelines/text/search.py
     ("digests.json", "digests", "sha256 digests of model files"),  # models/digest.py
     ("digests.*.tmp", "digests", "a digest index being written"),
