@@ -54,6 +54,10 @@ def _record_digest(target: Path, digest: str, cache: Path) -> None:
         os.replace(tmp, index)
     except OSError:  # only a cache: the next run hashes once more
         tmp.unlink(missing_ok=True)
+        return
+    from taskrun.models.cache_record import note_written
+
+    note_written(index, cache)  # as models/digest.py records it: `run cache prune` may remove it
 
 
 def _copy_parts(entry: dict, parts: list[tuple[str, Path]], target: Path) -> str:
