@@ -54,6 +54,10 @@ def _record_digest(target: Path, digest: str, cache: Path) -> None:
         os.replace(tmp, index)
     except OSError:  # only a cache: the next run hashes once more
         tmp.unlink(missing_ok=True)
+        return
+    from taskrun.models.cache_record import note_written
+
+    note_written(index, cache)  # as models/digest.py records it: `run cache prune` may remove it
 
 
 def _copy_parts(entry: dict, parts: list[tuple[str, Path]], target: Path) -> str:
@@ -149,16 +153,21 @@ def joined(entry: dict, name: str, cache: Path, package_path) -> Path | None:
         target_dir.mkdir(parents=True, exist_ok=True)
         import fcntl
 
+        from taskrun.models.cache_record import note_written
+
         with open(target_dir.parent / f".{name}.lock", "w") as lock:
+            note_written(Path(lock.name), cache)  # an empty file of taskrun's: prune may remove it
             fcntl.flock(lock, fcntl.LOCK_EX)  # a second process waits, then finds the file joined
             if not _intact(entry, target, size, cache):
                 if target.exists():
                     target.unlink()  # read-only and changed: replaced whole from the parts
                 digest = _copy_parts(entry, parts, target)
                 _record_digest(target, digest, cache)
-                from taskrun.models.cache_record import note_written
-
                 note_written(target_dir, cache)  # ours: `run cache prune --all` may remove it
+    elif entry.get("sha256") and _holds_only(target_dir, {target.name} | _beside(entry)):
+        from taskrun.models.cache_record import note_written
+
+        note_written(target_dir, cache)  # the pinned bytes, joined before the record existed: ours too
     for extra in entry.get("with", []):  # small files that sit beside the joined one
         module, _, rel = extra.partition(":")
         src = package_path({"package": module}) / rel
@@ -171,3 +180,69 @@ def joined(entry: dict, name: str, cache: Path, package_path) -> Path | None:
             finally:
                 tmp.unlink(missing_ok=True)
     return target if entry.get("join_as") and not entry.get("with") else target_dir
+
+
+def known_joins() -> dict[str, tuple[str, str, frozenset[str]]]:
+    """What taskrun joins into ``<cache>/joined/``: alias → (the joined file's name, the sha256
+    models.toml pins for it, the names of the files the join puts beside it), for every entry that
+    pins one. An entry without a pinned digest is not here: its join cannot be told from a user's."""
+    from taskrun.models.resolve import aliases
+
+    known = {}
+    for name, entry in aliases().items():
+        if entry.get("join") and entry.get("sha256"):
+            pinned = "sha256:" + entry["sha256"].removeprefix("sha256:")
+            known[name] = (entry.get("join_as", "model.bin"), pinned, _beside(entry))
+    return known
+
+
+def _is_join_lock(path: Path, alias: str) -> bool:
+    """Is ``path`` the lock file joined() takes for ``alias`` (an empty file, of a join alias)?"""
+    from taskrun.models.resolve import aliases
+
+    if not aliases().get(alias, {}).get("join") or path.is_symlink():
+        return False
+    try:
+        return path.is_file() and path.stat().st_size == 0
+    except OSError:
+        return False
+
+
+def _beside(entry: dict) -> frozenset[str]:
+    """The names of the small files (``with``) the join puts beside the joined one."""
+    return frozenset(ref.partition(":")[2].rsplit("/", 1)[-1] for ref in entry.get("with", []))
+
+
+def _holds_only(folder: Path, names: set[str] | frozenset[str]) -> bool:
+    """Is ``folder`` a real folder with nothing in it but ``names`` (so none of it is the user's)?"""
+    try:
+        return not folder.is_symlink() and {p.name for p in folder.iterdir()} <= names
+    except OSError:
+        return False
+
+
+def recognised(cache: Path, name: str) -> bool:
+    """Is the cache entry ``name`` a join of taskrun's, byte for byte, though it is not in the
+    record of what taskrun wrote (it was joined before that record existed)? Only ``joined/ALIAS``
+    for an alias of :func:`known_joins`, a real folder holding nothing but what the join writes
+    there, whose joined file hashes to the pinned sha256 (read once; then its stamp in
+    digests.json answers). Anything else may be the user's."""
+    folder, _, alias = name.partition("/")
+    if folder != "joined":
+        return False
+    if alias.startswith(".") and alias.endswith(".lock"):  # the empty lock a join takes (joined())
+        return _is_join_lock(cache / name, alias[1:-5])
+    known = known_joins().get(alias)
+    if known is None:
+        return False
+    file_name, pinned, beside = known
+    path = cache / name
+    target = path / file_name
+    try:
+        if target.is_symlink() or not target.is_file() or not _holds_only(path, {file_name} | beside):
+            return False
+        from taskrun.models.digest import digest_path
+
+        return digest_path(target, cache) == pinned
+    except OSError:
+        return False

@@ -10,11 +10,13 @@ second SIGTERM during that clean-up kills at once (the default action is back by
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 
 EXIT_SIGINT = 130
 EXIT_SIGTERM = 143
@@ -36,6 +38,33 @@ def handle_sigterm() -> Callable[[], None]:
     except ValueError:  # not the main thread: the host program owns its signals
         return lambda: None
     return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def held() -> Iterator[None]:
+    """SIGTERM and SIGINT held off for the block, then acted on: for steps that must happen
+    together or not at all (a batch's lines written and counted in its summary). A signal that
+    comes meanwhile is raised again as the block ends, to the handler that was there before, so
+    the same clean-up runs one step later. In a thread other than the main one (which cannot set
+    handlers) the block runs as it is."""
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    if threading.current_thread() is not threading.main_thread() or None in previous.values():
+        yield  # (None: a handler set outside Python, which could not be put back)
+        return
+    caught: list[int] = []
+
+    def hold(signum, frame) -> None:
+        caught.append(signum)
+
+    for s in previous:
+        signal.signal(s, hold)
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if caught:
+            signal.raise_signal(caught[0])  # its handler runs now, as if the signal came here
 
 
 def exit_code(exc: KeyboardInterrupt) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import subprocess
 import time
 from collections import Counter
@@ -247,3 +248,66 @@ def test_a_pool_worker_killed_9_reruns_its_item_and_the_batch_goes_on(tiny_dir, 
     lines = read_jsonl(out)
     assert sorted(x["id"] for x in lines) == [f"c{i:02d}.wav" for i in range(16)]
     assert all(x["status"] == "ok" for x in lines)
+
+
+HOOK = """
+import os, time
+from pathlib import Path
+
+from taskrun.runner.batch import journal
+
+_write, _calls = journal.Journal.write, []
+
+
+def write(self, lines):  # the third job's lines on disk: say so, and give the test time to send SIGTERM
+    n = _write(self, lines)
+    _calls.append(n)
+    if len(_calls) == 3:
+        Path(os.environ["HOOK_MARK"]).write_text("written")
+        time.sleep(1.5)
+    return n
+
+
+journal.Journal.write = write
+"""
+
+
+def test_a_sigterm_between_writing_lines_and_counting_them_keeps_the_summary_true(bert, tmp_path):
+    """Issue 33 item 12: a SIGTERM that lands after a job's lines are written but before they are
+    counted made the summary's ok count one job short of the file. The two steps now happen
+    together: the signal is acted on once both are done. A real `run batch` subprocess, the signal
+    sent from here while a hook (sitecustomize) holds it between the two steps."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(HOOK)
+    jobs, out, mark = embed_jobs(tmp_path / "jobs.jsonl", 40, bert), tmp_path / "out.jsonl", tmp_path / "mark"
+    env = {**one_thread(), "PYTHONPATH": str(hook), "HOOK_MARK": str(mark)}
+    cmd = [RUN, "batch", str(jobs), "-o", str(out), "--chunk", "2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 120
+    while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert mark.exists(), proc.communicate()[1]
+    proc.send_signal(signal.SIGTERM)
+    err = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 143, err
+    lines = read_jsonl(out)
+    assert len(lines) == 6, err  # three jobs of two: the third was written before the signal
+    assert ok_count(err) == len(lines), err  # the summary counts what is on disk
+    assert "Traceback" not in err and "internal error" not in err, err
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=one_thread())
+    assert again.returncode == 0, again.stderr
+    counts = Counter(x["id"] for x in read_jsonl(out))
+    assert len(counts) == 40 and set(counts.values()) == {1}
+
+
+def test_a_signal_in_a_held_block_is_acted_on_as_the_block_ends():
+    from taskrun.runner.signals import held
+
+    before, steps = signal.getsignal(signal.SIGINT), []
+    with pytest.raises(KeyboardInterrupt):
+        with held():
+            signal.raise_signal(signal.SIGINT)  # Ctrl-C between the two steps
+            steps.append("both steps done")
+    assert steps == ["both steps done"]
+    assert signal.getsignal(signal.SIGINT) is before

@@ -136,3 +136,76 @@ def test_every_cache_the_code_writes_is_a_known_kind():
     assert {"gguf", "llamacpp", "joined"} <= named  # the scan sees the known writers
     for name in named:
         assert any(fnmatch(name + "/x", pat) or fnmatch(name, pat) for pat, _, _ in KINDS), name
+
+
+def test_a_join_from_before_the_record_is_recognised_by_its_sha256_and_the_rest_is_left(cache, monkeypatch):
+    """Issue 33 item 9: joined models written before taskrun recorded what it writes were kept by
+    --all for ever. One whose bytes hash to the sha256 models.toml pins for its alias is taskrun's
+    (recorded, then pruned); a look-alike (other bytes, a file of the user's inside) or a file of
+    the user's is left, and prune says so."""
+    import hashlib
+
+    from taskrun.models import join
+    from taskrun.models.cache_record import written
+
+    data = b"GGUF" + bytes(range(256)) * 64
+    pinned = "sha256:" + hashlib.sha256(data).hexdigest()
+    table = {
+        "tiny-joined": ("tiny.gguf", pinned, frozenset({"config.json"})),
+        "edited-joined": ("tiny.gguf", pinned, frozenset()),
+        "crowded-joined": ("tiny.gguf", pinned, frozenset()),
+    }
+    monkeypatch.setattr(join, "known_joins", lambda: table)  # the digests models.toml pins
+    joined = cache / "joined"
+    for alias, files in (
+        ("tiny-joined", {"tiny.gguf": data, "config.json": b"{}"}),  # as the join wrote it, unrecorded
+        ("edited-joined", {"tiny.gguf": data[:-1] + b"!"}),  # one byte differs from the pinned file
+        ("crowded-joined", {"tiny.gguf": data, "my-notes.txt": b"mine"}),  # the user's file inside
+    ):
+        (joined / alias).mkdir(parents=True)
+        for name, content in files.items():
+            (joined / alias / name).write_bytes(content)
+    (joined / "my-merged-model.bin").write_bytes(data)  # the user's own, even with the same bytes
+    (joined / ".whisper-base.lock").write_bytes(b"")  # the empty lock a join of models.toml's takes
+    (joined / ".my-model.lock").write_bytes(b"")  # not a join taskrun knows
+    assert not (cache / ".taskrun-written").exists()  # nothing recorded: all from before the record
+
+    kinds = {e["name"]: e["kind"] for e in _cache("list")["entries"]}
+    assert kinds["joined/tiny-joined"] == kinds["joined/.whisper-base.lock"] == "joined", kinds
+    assert {kinds[n] for n in ("joined/edited-joined", "joined/crowded-joined", "joined/my-merged-model.bin")} == {
+        "other"
+    }
+    assert kinds["joined/.my-model.lock"] == "other"
+    assert "joined/tiny-joined" in written(cache)  # adopted into the record
+
+    r = CliRunner().invoke(main, ["cache", "prune", "--all"])
+    assert r.exit_code == 0, r.output
+    assert "removed joined/tiny-joined" in r.stdout
+    for name in (
+        "joined/edited-joined",
+        "joined/crowded-joined",
+        "joined/my-merged-model.bin",
+        "joined/.my-model.lock",
+    ):
+        assert f"left {name}" in r.stderr and (cache / name).exists(), r.stderr
+    assert not (joined / "tiny-joined").exists() and not (joined / ".whisper-base.lock").exists()
+    assert (joined / "crowded-joined" / "tiny.gguf").read_bytes() == data  # nothing inside touched
+    left = _cache("prune", "--all")
+    assert left["removed"] == [] and set(left["left"]) == {
+        "joined/edited-joined",
+        "joined/crowded-joined",
+        "joined/my-merged-model.bin",
+        "joined/.my-model.lock",
+    }
+
+
+def test_every_pinned_join_in_models_toml_is_known():
+    """The table recognised() reads is models.toml's: each `join` entry with a `sha256`."""
+    from taskrun.models.join import known_joins
+    from taskrun.models.resolve import aliases
+
+    pinned = {name for name, e in aliases().items() if e.get("join") and e.get("sha256")}
+    assert pinned and set(known_joins()) == pinned
+    name, digest, beside = known_joins()["qwen2.5-coder-1.5b"]
+    assert name == "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf" and beside == frozenset()
+    assert digest == "sha256:cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"

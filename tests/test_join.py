@@ -114,3 +114,20 @@ def test_shipped_entries_pin_every_part():
         assert len(e["join"]) == len(e["part_sha256"]) == len(e["pip"].split())
         assert [int(r.rpartition("part")[2].split(".")[0]) for r in e["join"]] == list(range(1, len(e["join"]) + 1))
         assert e["licence"] and e["upstream"] and e["quantisation"] == "Q4_K_M"
+
+
+def test_a_join_from_before_the_record_is_recorded_when_next_used_and_a_crowded_one_is_not(parts):
+    """Issue 33 item 9: a join that taskrun made before it recorded its writes is taskrun's once its
+    bytes are checked against the pinned sha256 on use; one holding a file of the user's is not."""
+    from taskrun.models.cache_record import RECORD, written
+
+    entry, _, _, cache = parts
+    joined(entry, "m", cache, _package_path)
+    assert {"joined/m", "joined/.m.lock", "digests.json"} <= written(cache)  # its lock and digest index too
+    (cache / RECORD).unlink()  # as a taskrun from before the record left it
+    joined(entry, "m", cache, _package_path)
+    assert "joined/m" in written(cache)
+    (cache / RECORD).unlink()
+    (cache / "joined" / "m" / "notes.txt").write_text("mine")
+    joined(entry, "m", cache, _package_path)
+    assert "joined/m" not in written(cache)

@@ -13,6 +13,7 @@ from taskrun.runner.batch.journal import Journal
 from taskrun.runner.batch.progress import Progress, Tally, summary_row, summary_text
 from taskrun.runner.batch.source import OPENAI, open_input
 from taskrun.runner.batch.work import Context
+from taskrun.runner.signals import held
 from taskrun.tasks.base import TaskError
 
 
@@ -96,8 +97,11 @@ def run_batch(req: Request, *, workers_of: Callable[[str, dict], int]) -> Outcom
         progress = Progress(tally, quiet=req.quiet)
 
         def write(fin) -> None:
-            journal.write(fin.lines)
-            progress.add(fin)
+            # Written and counted together: a SIGTERM or Ctrl-C between the two made the summary's
+            # counts disagree with the lines on disk (issue 33); it is acted on once both are done.
+            with held():
+                journal.write(fin.lines)
+                progress.add(fin)
 
         pending = (e for e in source.entries() if e.id not in done)
         try:

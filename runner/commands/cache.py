@@ -29,7 +29,8 @@ KINDS = [
         "llamacpp",
         "a float16 copy of a small GGUF that llama.cpp reads prompts with",
     ),  # llamacpp_native.py
-    ("joined/*", "joined", "a model joined from its split weight packages"),  # models/resolve.py
+    ("joined/.*.lock", "joined", "the lock taken while a model is joined"),  # models/join.py
+    ("joined/*", "joined", "a model joined from its split weight packages"),  # models/join.py
     ("search-index.sqlite*", "search", "search: corpus chunks and their vectors"),  # pipelines/text/search.py
     ("digests.json", "digests", "sha256 digests of model files"),  # models/digest.py
     ("digests.*.tmp", "digests", "a digest index being written"),
@@ -67,7 +68,7 @@ def entries(root: Path) -> list[Entry]:
             found.append(_entry(root, p))
     ours = _written(root)
     for e in found:  # a name taskrun uses is not enough: only what it recorded writing is its own
-        if e.kind != "other" and e.name not in ours and ".tmp" not in e.name:
+        if e.kind != "other" and e.name not in ours and ".tmp" not in e.name and not _adopted(root, e):
             e.kind, e.what = "other", "not recorded as written by taskrun (.taskrun-written): removed only when named"
     sources = _sources(root)
     for e in found:  # converted entries are named by their source's digest: name the source
@@ -76,6 +77,18 @@ def entries(root: Path) -> list[Entry]:
         if src and e.kind != "other":
             e.what += f" (from {src})"
     return found
+
+
+def _adopted(root: Path, e: Entry) -> bool:
+    """A joined model from before taskrun recorded what it writes, recognised by its pinned
+    sha256 (models/join.py ``recognised``): recorded now, so prune may remove it like any other."""
+    from taskrun.models.cache_record import note_written
+    from taskrun.models.join import recognised
+
+    if e.kind != "joined" or not recognised(root, e.name):
+        return False
+    note_written(Path(e.path), root)
+    return True
 
 
 def _written(root: Path) -> set[str]:
@@ -200,6 +213,8 @@ def prune_cmd(names, everything, older_than, dry_run, json_mode):
         for e in found
         if e.name in named or e.kind != "other" and (everything or cutoff is not None and e.modified < cutoff)
     ]
+    # What --all or --older-than leaves because taskrun did not write it: said, so it is no surprise.
+    left = [e for e in found if e.kind == "other" and e.name not in named] if everything or cutoff else []
     removed, failed = [], []
     for e in chosen:
         try:
@@ -212,7 +227,7 @@ def prune_cmd(names, everything, older_than, dry_run, json_mode):
         from taskrun.models.cache_record import forget
 
         forget(cache_root(), {e.name for e in removed})
-    _report(removed, failed, dry_run, json_mode)
+    _report(removed, left, failed, dry_run, json_mode)
     if failed:
         raise click.ClickException(f"{len(failed)} entries could not be removed: {'; '.join(failed)}")
 
@@ -227,16 +242,17 @@ def _remove(p: Path) -> None:
         parent.rmdir()
 
 
-def _report(removed: list[Entry], failed: list[str], dry_run: bool, json_mode: bool) -> None:
+def _report(removed: list[Entry], left: list[Entry], failed: list[str], dry_run: bool, json_mode: bool) -> None:
     freed = sum(e.bytes for e in removed)
     if json_mode:
-        click.echo(
-            json.dumps(
-                {"removed": [e.name for e in removed], "freed_bytes": freed, "dry_run": dry_run, "failed": failed}
-            )
-        )
+        body = {"removed": [e.name for e in removed], "freed_bytes": freed, "dry_run": dry_run, "failed": failed}
+        click.echo(json.dumps({**body, "left": [e.name for e in left]}))
         return
     verb = "would remove" if dry_run else "removed"
     for e in removed:
         click.echo(f"{verb} {e.name}  ({human(e.bytes)})")
+    for e in left:
+        click.echo(
+            f"left {e.name}  ({human(e.bytes)}): taskrun did not record writing it; name it to remove it", err=True
+        )
     click.echo(f"{verb} {len(removed)} entries, {human(freed)}", err=True)

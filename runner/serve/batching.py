@@ -7,6 +7,10 @@ then joins its model's queue, and keeps taking requests until the model's thread
 under load, everything that arrived while the previous batch ran goes in the next one), up to
 ``max_texts`` texts. Each request gets its own slice of the results back; the merged job is one
 row of the run log, and every request's ``X-Taskrun-Run-Id`` names that row.
+
+A client that leaves takes its request out of the count: once every client of a batch has gone,
+its job is cancelled, as a lone job is (it stops after its current forward pass, or never starts),
+and its row says "cancelled by the client"; while one is left, the job runs for it.
 """
 
 from __future__ import annotations
@@ -17,8 +21,8 @@ import json
 import threading
 import time
 
-from taskrun.runner.serve.service import InternalError, log
-from taskrun.runner.serve.workers import ServerJob
+from taskrun.runner.serve.service import InternalError, log, watch_client
+from taskrun.runner.serve.workers import ClientGone, ServerJob
 from taskrun.tasks.base import TaskError
 from taskrun.tasks.wire.errors import APIError, from_task_error
 from taskrun.tasks.wire.jobspec import JobSpec
@@ -35,6 +39,8 @@ class _Batch:
         self.closed = False
         self.lock = threading.Lock()
         self.launched_at = 0.0
+        self.gone: set[int] = set()  # the parts (by index) whose clients left
+        self.job: ServerJob | None = None  # once its model's thread has made it
 
     def add(self, spec: JobSpec) -> asyncio.Future | None:
         """A future for this request's (record, offset, count); None if the batch is closed or full."""
@@ -51,6 +57,24 @@ class _Batch:
             self.closed = True
             return list(self.parts)
 
+    def start(self, job: ServerJob) -> None:
+        """``job`` runs this (closed) batch: cancelled already if every client has left."""
+        with self.lock:
+            self.job = job
+            if self._abandoned():
+                job.cancel()
+
+    def leave(self, future: asyncio.Future) -> None:
+        """The client of ``future``'s request left: when it was the last, the job is cancelled.
+        A batch still open keeps the count: a request that joins it later runs it again."""
+        with self.lock:
+            self.gone.update(i for i, (_, f) in enumerate(self.parts) if f is future)
+            if self.job is not None and self._abandoned():
+                self.job.cancel()
+
+    def _abandoned(self) -> bool:
+        return len(self.gone) == len(self.parts)
+
 
 class EmbedBatcher:
     def __init__(self, service, window_s: float = 0.005, max_texts: int = 256) -> None:
@@ -58,8 +82,9 @@ class EmbedBatcher:
         self.open: dict[tuple, _Batch] = {}
         self.running: set[asyncio.Task] = set()  # the loop keeps only weak references to tasks
 
-    async def run(self, spec: JobSpec):
-        """This request's embeddings → (JobRecord with only its items, run id)."""
+    async def run(self, spec: JobSpec, request=None):
+        """This request's embeddings → (JobRecord with only its items, run id). With ``request``,
+        a client that disconnects leaves the batch (the last one to leave cancels its job)."""
         spec.model = await self.service.model_for(spec)
         key = (spec.model, spec.runtime, json.dumps(spec.options, sort_keys=True))
         batch = self.open.get(key)
@@ -68,7 +93,12 @@ class EmbedBatcher:
             batch = self.open[key] = _Batch(spec.model, spec, self.max_texts)
             future = batch.add(spec)
             asyncio.get_running_loop().call_later(self.window_s, self._launch, key, batch)
-        rec, offset, count = await future
+        watcher = asyncio.ensure_future(watch_client(request, lambda: batch.leave(future))) if request else None
+        try:
+            rec, offset, count = await future
+        finally:
+            if watcher is not None:
+                watcher.cancel()
         return record_slice(rec, offset, count), rec.id
 
     def _launch(self, key: tuple, batch: _Batch) -> None:
@@ -110,6 +140,7 @@ class EmbedBatcher:
                 self.service.loads,
             )
             job.submitted = batch.launched_at
+            batch.start(job)
             return job.execute()
 
         try:
@@ -128,7 +159,8 @@ class EmbedBatcher:
     def _fail(self, batch: _Batch, state: dict, exc: Exception) -> None:
         job = state.get("job")
         if job is not None:
-            self.service.metrics.job("embed", job.spec.model, "failed", job.queue_wait_s)
+            status = "cancelled" if isinstance(exc, ClientGone) else "failed"
+            self.service.metrics.job("embed", job.spec.model, status, job.queue_wait_s)
         if isinstance(exc, TaskError):
             err: Exception = from_task_error(exc)
         elif isinstance(exc, APIError):

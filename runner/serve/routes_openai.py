@@ -80,7 +80,7 @@ def model_object(row: dict) -> dict:
 async def embed(service, spec, request: Request):
     """(the request's record, run id): batched with concurrent requests when batching is on."""
     if service.batcher is not None:
-        rec, run_id = await service.batcher.run(spec)
+        rec, run_id = await service.batcher.run(spec, request)
     else:
         rec = await service.run(spec, request)
         run_id = rec.id

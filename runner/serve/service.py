@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from taskrun.runner.serve.catalogue import Catalogue
 from taskrun.runner.serve.metrics import ServerMetrics
 from taskrun.runner.serve.security import tenant_of
 from taskrun.runner.serve.settings import Settings
-from taskrun.runner.serve.workers import LoadGate, ServerJob, Workers
+from taskrun.runner.serve.workers import ClientGone, LoadGate, ServerJob, Workers
 from taskrun.tasks import cache_scope
 from taskrun.tasks.base import TaskError
 from taskrun.tasks.wire.errors import APIError, from_task_error, public
@@ -132,7 +132,7 @@ class Service:
             worker.join.on_step = self.metrics.batch_steps.labels(worker.model).observe
         future = asyncio.ensure_future(self._execute(worker, job, model, batched))
         if request is not None:
-            watcher = asyncio.ensure_future(_watch(request, job))
+            watcher = asyncio.ensure_future(watch_client(request, job.cancel))
             future.add_done_callback(lambda _: watcher.cancel())
         return Running(self, job, model, future, queue)
 
@@ -167,6 +167,9 @@ class Service:
         task = job.spec.task
         try:
             rec = await worker.run(job.execute, batched)
+        except ClientGone:  # its row says "cancelled by the client"
+            self.metrics.job(task, model, "cancelled", job.queue_wait_s)
+            raise
         except TaskError:
             self.metrics.job(task, model, "failed", job.queue_wait_s)
             raise
@@ -186,10 +189,11 @@ class Service:
         return await running.result()
 
 
-async def _watch(request, job: ServerJob) -> None:
-    """Cancel ``job`` when its client disconnects."""
+async def watch_client(request, gone: Callable[[], None]) -> None:
+    """Call ``gone()`` once the client of ``request`` disconnects (a job's cancel; a merged
+    embeddings batch's leave, runner/serve/batching.py). Cancel the task to stop watching."""
     while True:
         await asyncio.sleep(DISCONNECT_POLL_S)
         if await request.is_disconnected():
-            job.cancel()
+            gone()
             return

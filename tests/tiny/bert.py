@@ -14,7 +14,18 @@ VOCAB = (
 
 
 def build(root: Path) -> Path:
-    folder, ready = once(root, "tiny-bert")
+    return _build(root, "tiny-bert", hidden=32, layers=2, window=64)
+
+
+def build_slow(root: Path) -> Path:
+    """The same encoder, wider and with a 128-token window: an embeddings request of 2,048 long
+    texts runs for many seconds in forward passes of a fraction of a second each (32 batches of
+    64), so a test can leave in the middle of one."""
+    return _build(root, "slow-bert", hidden=128, layers=8, window=128)
+
+
+def _build(root: Path, name: str, hidden: int, layers: int, window: int) -> Path:
+    folder, ready = once(root, name)
     if ready:
         return folder
     import torch
@@ -23,16 +34,16 @@ def build(root: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
     tok = BertTokenizerFast(vocab_file=str(folder / "vocab.txt"), do_lower_case=True)
-    tok.model_max_length = 64
+    tok.model_max_length = window
     tok.save_pretrained(folder)
     torch.manual_seed(0)
     cfg = BertConfig(
         vocab_size=len(VOCAB),
-        hidden_size=32,
-        num_hidden_layers=2,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
         num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
+        intermediate_size=2 * hidden,
+        max_position_embeddings=window,
     )
     BertModel(cfg).eval().save_pretrained(folder)
     done(folder)
