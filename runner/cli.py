@@ -333,8 +333,8 @@ _LOCAL = (
 )
 
 
-ENDPOINT_TASKS = ("generate", "embed")  # the tasks `--endpoint URL` runs (runner/commands/endpoint.py)
-ENDPOINT_OPTIONS = ("endpoint", "endpoint_kind", "api_key_env")
+ENDPOINT_TASKS = ("generate", "embed", "transcribe")  # the tasks `--endpoint URL` runs (runner/commands/endpoint.py)
+ENDPOINT_OPTIONS = ("endpoint", "endpoint_kind", "api_key_env", "endpoint_prompt", "endpoint_temperature")
 
 
 def task_command(task: Task) -> click.Command:
@@ -346,7 +346,7 @@ def task_command(task: Task) -> click.Command:
     if task.name in ENDPOINT_TASKS:
         from taskrun.runner.commands.endpoint import endpoint_params
 
-        params += endpoint_params()
+        params += endpoint_params(task.name)
 
     def callback(inputs, **kw):
         common = {k: kw.pop(k) for k in _COMMON}
@@ -354,6 +354,10 @@ def task_command(task: Task) -> click.Command:
         extras = {k: kw.pop(k) for k in list(kw) if k in handled}
         endpoint = {k: kw.pop(k) for k in ENDPOINT_OPTIONS if k in kw}
         values = dict(kw)  # the task's own options
+        if task.name == "transcribe":
+            from taskrun.runner.commands.endpoint import refuse_endpoint_only
+
+            refuse_endpoint_only(endpoint)
         if endpoint.get("endpoint"):  # the job runs on an OpenAI-/Ollama-compatible server
             from taskrun.runner.commands.endpoint import execute_endpoint
 

@@ -1,7 +1,8 @@
 """Jobs run on an endpoint (OpenAI-compatible or Ollama's native API) as on any runtime: the
 endpoint client (pipelines/llm/endpoint_client.py) answers, and this module turns its reply into
 the task's own :class:`JobRecord` (results, metrics, run-log row), so `run generate --endpoint`,
-`run chat --endpoint`, `run embed --endpoint` and `run eval`'s endpoint setups share one path
+`run chat --endpoint`, `run embed --endpoint`, `run transcribe --endpoint` and `run eval`'s endpoint
+setups share one path
 (the doors import this shared module, never each other).
 
 Scopes: ``ttft_s`` and ``wall_s`` are measured at this client; what the server reported (Ollama's
@@ -17,6 +18,8 @@ from datetime import datetime, timezone
 
 from taskrun.tasks import events as ev
 from taskrun.tasks.base import Input, ModelCard, TaskError
+
+KINDS = {"generate": "text-generation", "embed": "sentence-embedding", "transcribe": "speech-recognition"}
 
 
 def _record(task: str, options, ep, *, chain_id=None, stage=None, n_inputs: int = 1):
@@ -147,6 +150,82 @@ def embed_job(ep, inputs: list[Input], options, *, log):
     return rec
 
 
+def transcribe_job(ep, inputs: list[Input], options, *, log, prompt=None, temperature=None):
+    """One transcribe job on ``ep``: every file checked here (a header probe) before any is sent,
+    then one request per file, in order → JobRecord. ``rtf`` is this client's: the requests' round
+    trips ÷ the audio's length (the upload, the server's queue and decode are all inside it). A
+    failed request is logged as a failed row, then raised (its message names the endpoint)."""
+    import time
+
+    from taskrun.pipelines.speech.endpoint_client import check_transcribe_endpoint
+    from taskrun.runner.jobs import input_digest, peak_rss_mb
+    from taskrun.runner.runlog.rows import job_texts, log_row
+    from taskrun.tasks.audio_files import probe_input
+    from taskrun.tasks.base import check_input_kind
+    from taskrun.tasks.transcribe import TASK, Metrics
+
+    t0 = time.perf_counter()
+    check_transcribe_endpoint(ep)
+    if not inputs:
+        raise TaskError(f"no input given; transcribe takes {TASK.takes}")
+    lengths = []
+    for inp in inputs:  # a file that is not audio fails here, before any upload
+        check_input_kind(TASK, inp)
+        lengths.append(probe_input(inp).duration_s)
+    rec = _record("transcribe", options, ep, n_inputs=len(inputs))
+    rec.input_digest = input_digest(inputs)
+    try:
+        busy, retries, reported, digest = _transcribe_files(ep, inputs, lengths, options, rec, prompt, temperature)
+    except TaskError as exc:
+        _failed(rec, exc, log)
+        raise
+    audio = sum(tr.audio_s for tr in rec.results)
+    words = sum(len(tr.text.split()) for tr in rec.results)
+    rec.card = card(ep, reported, digest, "transcribe")
+    rec.metrics = Metrics(audio_s=round(audio, 3), rtf=busy / audio if audio else 0.0, chunks=None, words=words)
+    rec.wall_s, rec.status, rec.peak_rss_mb = time.perf_counter() - t0, "ok", peak_rss_mb()
+    named = "as the endpoint reported it" if reported else "as asked for (the answer names none)"
+    rec.notes.append(
+        f"endpoint {_safe(ep.url)}; rtf at this client: request round trips (upload, server queue and "
+        f"decode, answer) ÷ audio_s; chunks not reported by the endpoint; model {named}; retries {retries}"
+    )
+    rec.texts = job_texts(TASK, inputs, rec)
+    if log is not None:
+        log.append(log_row(rec))
+    return rec
+
+
+def _transcribe_files(ep, inputs, lengths, options, rec, prompt, temperature):
+    """Each file's request → an Item in ``rec``; (seconds in requests, retries, model reported, digest)."""
+    from taskrun.pipelines.speech.endpoint_client import transcribe
+    from taskrun.tasks.transcribe import Transcript
+
+    busy, retries, reported, digest = 0.0, 0, "", ""
+    for i, (inp, length) in enumerate(zip(inputs, lengths, strict=True)):
+        out = transcribe(
+            ep,
+            inp.path,
+            language=options.language,
+            translate=options.task == "translate",
+            words=options.word_timestamps,
+            prompt=prompt,
+            temperature=temperature,
+        )
+        # the server's decoded length where it says (as a local run's), else the file header's
+        audio_s = out.duration_s if out.duration_s is not None else length
+        language = out.language or options.language or ""
+        rec.items.append(ev.Item(i, inp.source, Transcript(inp.source, out.text, language, audio_s, out.segments)))
+        busy, retries = busy + out.total_s, retries + out.retries
+        reported, digest = out.model or reported, out.digest or digest
+    return busy, retries, reported, digest
+
+
+def _safe(url: str) -> str:
+    from taskrun.pipelines.llm.endpoint_client import safe_url
+
+    return safe_url(url)
+
+
 def card(ep, reported: str, digest: str, task: str = "generate") -> ModelCard:
     """The row's model: the name the endpoint reported (else the one asked for), its URL without
     credentials as the path, its digest where given."""
@@ -162,5 +241,5 @@ def card(ep, reported: str, digest: str, task: str = "generate") -> ModelCard:
         size_bytes=0,
         digest=digest,
         source=f"endpoint {ep.api} {safe_url(ep.url)} (asked for {ep.model})",
-        kind="text-generation" if task == "generate" else "sentence-embedding",
+        kind=KINDS.get(task, ""),
     )

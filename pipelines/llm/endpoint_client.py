@@ -10,6 +10,7 @@ it is never put in a message, a log row or a result (``safe_url`` drops any user
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -20,6 +21,16 @@ from taskrun.tasks.base import TaskError
 
 RETRY_STATUS = {429, 500, 502, 503, 504}
 _DIGESTS: dict[tuple, str] = {}  # (api, url, model) -> digest, listed once per process
+
+
+@functools.lru_cache(maxsize=1)
+def http_client():
+    """The process's one httpx client, shared by every endpoint request: its connections are kept
+    alive and reused. A client per request (httpx.post) cost each request a TLS context (~25 ms
+    here, even for http://) and a TCP handshake, all inside the client-side TTFT."""
+    import httpx
+
+    return httpx.Client()
 
 
 def safe_url(url: str) -> str:
@@ -109,7 +120,8 @@ class Endpoint:
     def name(self) -> str:
         return f"{self.api}:{safe_url(self.url)}#{self.model}"
 
-    def _headers(self) -> dict:
+    def headers(self) -> dict:
+        """The request's Authorization header, the key read from the variable named by --api-key-env."""
         if not self.api_key_env:
             return {}
         key = os.environ.get(self.api_key_env)
@@ -131,47 +143,56 @@ class Endpoint:
         import httpx
 
         reply = Reply()
-        self._retried(reply, lambda: self._stream(httpx, messages, max_tokens, temperature, seed, stop, reply, on_text))
+        self.retried(reply, lambda: self._stream(httpx, messages, max_tokens, temperature, seed, stop, reply, on_text))
         reply.digest = self.digest(reply.model or self.model)
         return reply
 
     def embed(self, texts: list[str]) -> Embeddings:
         """Vectors for ``texts`` in one request (OpenAI ``/embeddings``, Ollama ``/api/embed``),
         retried as :meth:`chat` is."""
-        import httpx
-
         out = Embeddings()
-        self._retried(out, lambda: self._embed(httpx, texts, out))
+        self.retried(out, lambda: self._embed(texts, out))
         out.digest = self.digest(out.model or self.model)
         return out
 
-    def _retried(self, reply, once) -> None:
+    def retried(self, reply, once) -> None:
+        """``once()``, repeated after a :class:`Retryable` failure up to ``max_retries`` times (counted
+        in ``reply.retries``); the last failure becomes a TaskError naming the endpoint."""
         for attempt in range(self.max_retries + 1):
             try:
                 return once()
-            except _Retryable as exc:
+            except Retryable as exc:
                 if attempt == self.max_retries:
-                    raise TaskError(f"endpoint {self.name}: {exc} (after {attempt} retries)") from None
+                    said = f": {exc.said}" if exc.said else ""
+                    raise TaskError(f"endpoint {self.name}: {exc} (after {attempt} retries){said}") from None
                 reply.retries += 1
                 time.sleep(min(0.25 * 2**attempt, 2.0))
 
-    def _embed(self, httpx, texts: list[str], out: Embeddings) -> None:
-        path = self.url + ("/api/embed" if self.api == "ollama" else "/embeddings")
-        t0 = time.perf_counter()
+    def post(self, path: str, **kw):
+        """One POST to ``url + path`` → its response (status below 400). A 429 or 5xx, a refused
+        connection or a timeout raise :class:`Retryable` (for :meth:`retried`); another 4xx is a
+        TaskError with the server's message, naming the endpoint (never the key)."""
+        import httpx
+
         try:
-            r = httpx.post(
-                path, json={"model": self.model, "input": texts}, headers=self._headers(), timeout=self.timeout_s
-            )
+            r = http_client().post(self.url + path, headers=self.headers(), timeout=self.timeout_s, **kw)
         except httpx.ConnectError:
-            raise _Retryable("connection refused (is the server running?)") from None
+            raise Retryable("connection refused (is the server running?)") from None
         except httpx.TimeoutException:
-            raise _Retryable(f"no answer within {self.timeout_s:g} s (timeout)") from None
+            raise Retryable(f"no answer within {self.timeout_s:g} s (timeout)") from None
         except httpx.HTTPError as exc:
-            raise _Retryable(type(exc).__name__) from None
+            raise Retryable(type(exc).__name__) from None
         if r.status_code in RETRY_STATUS:
-            raise _Retryable(f"HTTP {r.status_code}")
+            raise Retryable(f"HTTP {r.status_code}", error_text(r.text))
         if r.status_code >= 400:
-            raise TaskError(f"endpoint {self.name}: HTTP {r.status_code}: {_error_text(r.text)}")
+            raise TaskError(f"endpoint {self.name}: HTTP {r.status_code}: {error_text(r.text)}")
+        return r
+
+    def _embed(self, texts: list[str], out: Embeddings) -> None:
+        t0 = time.perf_counter()
+        r = self.post(
+            "/api/embed" if self.api == "ollama" else "/embeddings", json={"model": self.model, "input": texts}
+        )
         out.total_s = time.perf_counter() - t0
         try:
             msg = r.json()
@@ -202,7 +223,7 @@ class Endpoint:
             path = self.url + ("/api/tags" if self.api == "ollama" else "/models")
             found = ""
             try:
-                r = httpx.get(path, headers=self._headers(), timeout=min(self.timeout_s, 10.0))
+                r = http_client().get(path, headers=self.headers(), timeout=min(self.timeout_s, 10.0))
                 rows = r.json().get("models" if self.api == "ollama" else "data") or [] if r.status_code == 200 else []
                 for row in rows:
                     if model in (row.get("name"), row.get("model"), row.get("id")) and row.get("digest"):
@@ -241,12 +262,13 @@ class Endpoint:
         t0 = time.perf_counter()
         reply.text, reply.ttft_s = "", None
         try:
-            with httpx.stream("POST", path, json=body, headers=self._headers(), timeout=self.timeout_s) as r:
+            with http_client().stream("POST", path, json=body, headers=self.headers(), timeout=self.timeout_s) as r:
                 if r.status_code in RETRY_STATUS:
-                    raise _Retryable(f"HTTP {r.status_code}")
+                    r.read()
+                    raise Retryable(f"HTTP {r.status_code}", error_text(r.text))
                 if r.status_code >= 400:
                     r.read()
-                    raise TaskError(f"endpoint {self.name}: HTTP {r.status_code}: {_error_text(r.text)}")
+                    raise TaskError(f"endpoint {self.name}: HTTP {r.status_code}: {error_text(r.text)}")
                 for line in r.iter_lines():
                     piece = self._line(line, reply)
                     if piece:
@@ -256,11 +278,11 @@ class Endpoint:
                         if on_text:
                             on_text(piece)
         except httpx.ConnectError:
-            raise _Retryable("connection refused (is the server running?)") from None
+            raise Retryable("connection refused (is the server running?)") from None
         except httpx.TimeoutException:
-            raise _Retryable(f"no answer within {self.timeout_s:g} s (timeout)") from None
+            raise Retryable(f"no answer within {self.timeout_s:g} s (timeout)") from None
         except httpx.HTTPError as exc:
-            raise _Retryable(type(exc).__name__) from None
+            raise Retryable(type(exc).__name__) from None
         reply.total_s = time.perf_counter() - t0
 
     def _line(self, line: str, reply: Reply) -> str:
@@ -278,15 +300,20 @@ class Endpoint:
         except json.JSONDecodeError:
             raise TaskError(f"endpoint {self.name}: a stream line is not JSON: {line[:80]!r}") from None
         if "error" in msg:
-            raise TaskError(f"endpoint {self.name}: {_error_text(json.dumps(msg))}")
+            raise TaskError(f"endpoint {self.name}: {error_text(json.dumps(msg))}")
         return _ollama_line(msg, reply) if self.api == "ollama" else _openai_line(msg, reply)
 
 
-class _Retryable(Exception):
-    pass
+class Retryable(Exception):
+    """A failure worth one more try: a 429 or 5xx (``said``: the server's message), a refused
+    connection, a timeout."""
+
+    def __init__(self, message: str, said: str = "") -> None:
+        super().__init__(message)
+        self.said = said
 
 
-def _error_text(text: str) -> str:
+def error_text(text: str) -> str:
     try:
         err = json.loads(text).get("error")
         return str(err.get("message", err) if isinstance(err, dict) else err)[:300]
