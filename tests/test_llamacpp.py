@@ -374,7 +374,7 @@ def test_a_batched_sequence_reads_its_prompt_on_the_float16_copy_as_a_lone_one_d
 
 
 def test_restream_moves_one_sequence_between_kv_layouts():
-    from taskrun.pipelines.llm.llamacpp_native import restream
+    from taskrun.pipelines.llm.kv_state import restream
 
     def u32(*xs):
         return b"".join(x.to_bytes(4, "little") for x in xs)

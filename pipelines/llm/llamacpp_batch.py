@@ -39,7 +39,8 @@ import time
 from contextlib import nullcontext
 
 from taskrun.models.fit import _available_ram
-from taskrun.pipelines.llm.llamacpp_native import BATCH, copy_seq, decode_threads, log_tail, prompt_threads
+from taskrun.pipelines.llm.kv_state import copy_seq
+from taskrun.pipelines.llm.llamacpp_native import BATCH, decode_threads, log_tail, prompt_threads
 from taskrun.tasks import cache_scope
 from taskrun.tasks.base import TaskError
 from taskrun.tasks.seq_batch import Join

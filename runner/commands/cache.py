@@ -81,9 +81,9 @@ def entries(root: Path) -> list[Entry]:
 
 def _adopted(root: Path, e: Entry) -> bool:
     """A joined model from before taskrun recorded what it writes, recognised by its pinned
-    sha256 (models/join.py ``recognised``): recorded now, so prune may remove it like any other."""
+    sha256 (models/join_known.py ``recognised``): recorded now, so prune may remove it like any other."""
     from taskrun.models.cache_record import note_written
-    from taskrun.models.join import recognised
+    from taskrun.models.join_known import recognised
 
     if e.kind != "joined" or not recognised(root, e.name):
         return False
