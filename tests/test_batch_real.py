@@ -60,3 +60,20 @@ def test_served_answers_are_the_clis_at_temperature_0(url):
     ]
     local = [taskrun.run("generate", p, model=MODEL, max_tokens=48, temperature=0).text for p in prompts]
     assert served == local
+
+
+def test_run_generate_on_the_endpoint_gives_the_local_text(url, tmp_path):
+    import subprocess
+
+    import taskrun
+    from tests.serve_helpers import RUN
+
+    prompt = json.loads(CASES.read_text().splitlines()[0])["prompt"]  # "What is 17 + 25? …"
+    env = dict(os.environ, TASKRUN_LOG_DB=str(tmp_path / "runs.db"))
+    args = ["generate", prompt, "-m", MODEL, "--temperature", "0", "--max-tokens", "48"]
+    remote = subprocess.run(
+        [RUN, *args, "--endpoint", url + "/v1"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert remote.returncode == 0, remote.stderr
+    local = taskrun.run("generate", prompt, model=MODEL, max_tokens=48, temperature=0).text
+    assert remote.stdout.strip() == local.strip()
