@@ -134,11 +134,15 @@ def loop(url: str, args) -> None:
     ratio = med(r["eval_s"] for r in rounds) / med(r["direct_s"] for r in rounds)
     per_round = [round(r["eval_s"] / r["direct_s"], 3) for r in rounds]
     print(f"{len(cases)} cases x {args.rounds} rounds, max_tokens {args.max_tokens}, smollm2-135m on run serve")
-    print(f"eval loop median {med(r['eval_s'] for r in rounds):.3f} s, direct {med(r['direct_s'] for r in rounds):.3f} s")
+    print(
+        f"eval loop median {med(r['eval_s'] for r in rounds):.3f} s, direct {med(r['direct_s'] for r in rounds):.3f} s"
+    )
     print(f"  ratio {ratio:.3f} (target <= 1.05); per round {per_round}")
     loop_own = med(own[1:])  # the warm-up round left out
     share = loop_own / med(r["eval_s"] for r in rounds)
-    print(f"the loop's own time (checks, run-log rows, threads) outside the requests: {loop_own * 1000:.1f} ms a round,")
+    print(
+        f"the loop's own time (checks, run-log rows, threads) outside the requests: {loop_own * 1000:.1f} ms a round,"
+    )
     print(f"  {loop_own / len(cases) * 1000:.2f} ms a case, {share:.2%} of the loop (noise-free: same-round clocks)")
     out = {
         "command": f"PYTHONPATH=. .venv/bin/python benchmarks/bench_eval.py --loop --rounds {args.rounds} "
