@@ -20,11 +20,11 @@ from taskrun.tasks.base import TaskError
 from taskrun.tasks.wire.errors import APIError, from_task_error, invalid
 from taskrun.tasks.wire.fields import MAX_INPUTS, MAX_TEXT_CHARS
 from taskrun.tasks.wire.jobspec import JobSpec, Uploads, job_from_native
-from taskrun.tasks.wire.native import collect_files, done_line, error_line, event_to_wire, scrub
+from taskrun.tasks.wire.native import collect_files, done_line, error_line, event_to_wire, openapi_body, scrub
 
 
 def register(app: FastAPI, service) -> None:
-    @app.post("/v1/tasks/{task}")
+    @app.post("/v1/tasks/{task}", openapi_extra=openapi_body())
     async def native(task: str, request: Request):
         body = await json_body(request)
         stream = body.pop("stream", False)

@@ -199,20 +199,25 @@ def _typed_as(body: dict, key: str, kind: type | tuple, what: str, field: str) -
         raise invalid(field, f"'{field}' must be {what} (got {json.dumps(body.get(key))[:40]})") from None
 
 
+# (field, its type, its form in words, lowest, highest): what ``sampling`` reads, and /openapi.json says
+SAMPLING_RANGES: tuple[tuple[str, Any, str, float, float], ...] = (
+    ("max_tokens", int, "a whole number of tokens", 1, 10_000_000),  # Ollama's num_predict goes lower
+    ("temperature", (int, float), "a number", 0, 100),
+    ("top_p", (int, float), "a number", 0, 1),
+    ("seed", int, "a whole number", 0, 2**32 - 1),
+    ("top_k", int, "a whole number", 0, 1_000_000),
+    ("repeat_penalty", (int, float), "a number", 0, 100),
+    ("context", int, "a whole number of tokens", 1, 10_000_000),  # Ollama's num_ctx
+)
+
+
 def sampling(values: dict, prefix: str = "", fewest_tokens: int = 1, names: dict | None = None) -> dict:
     """generate's options from sampling fields (OpenAI's names; Ollama's options map onto them):
     each of its type and range, ``stop`` a string or a list of up to 16."""
     out: dict[str, Any] = {}
     name = {k: prefix + (names or {}).get(k, k) for k in values}
-    for key, kind, what, low, high in (
-        ("max_tokens", int, "a whole number of tokens", fewest_tokens, 10_000_000),
-        ("temperature", (int, float), "a number", 0, 100),
-        ("top_p", (int, float), "a number", 0, 1),
-        ("seed", int, "a whole number", 0, 2**32 - 1),
-        ("top_k", int, "a whole number", 0, 1_000_000),
-        ("repeat_penalty", (int, float), "a number", 0, 100),
-        ("context", int, "a whole number of tokens", 1, 10_000_000),  # Ollama's num_ctx
-    ):
+    for key, kind, what, low, high in SAMPLING_RANGES:
+        low = fewest_tokens if key == "max_tokens" else low
         value = number(values, key, kind, what, low, high, name.get(key, key))
         if value is not None:
             out[key] = value
@@ -224,3 +229,57 @@ def sampling(values: dict, prefix: str = "", fewest_tokens: int = 1, names: dict
             raise invalid(field, f"'{field}' must be a non-empty string or a list of up to 16 of them")
         out["stop"] = stops
     return out
+
+
+# --------------------------------------------------------------------------- OpenAPI request bodies
+# The routes read raw bodies (neutral values are accepted that a strict model would refuse), so each
+# parser declares its body's schema for /openapi.json beside the code that reads it, from the same
+# tables where there is one (SAMPLING_RANGES, NEUTRAL).
+
+STOP_SCHEMA = {
+    "anyOf": [
+        {"type": "string", "minLength": 1},
+        {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 16},
+        {"type": "null"},
+    ]
+}
+
+
+def openapi_body(schema: dict, media: str = "application/json") -> dict:
+    """``openapi_extra`` for a route that reads its body itself: the body's schema in /openapi.json."""
+    return {"requestBody": {"required": True, "content": {media: {"schema": schema}}}}
+
+
+def nullable(kind: str, **more: Any) -> dict:
+    """A field ``typed`` reads: ``kind`` or null (absent)."""
+    return {"type": [kind, "null"], **more}
+
+
+def sampling_schema(keys: set[str], fewest_tokens: int = 1, names: dict | None = None) -> dict:
+    """The properties ``sampling`` reads among ``keys`` (under the wire names ``names`` gives them)."""
+    out: dict[str, Any] = {}
+    for key, kind, what, low, high in SAMPLING_RANGES:
+        if key in keys:
+            low = fewest_tokens if key == "max_tokens" else low
+            out[(names or {}).get(key, key)] = nullable(
+                "integer" if kind is int else "number", minimum=low, maximum=high, description=what
+            )
+    if "stop" in keys:
+        out[(names or {}).get("stop", "stop")] = STOP_SCHEMA
+    return out
+
+
+def body_schema(properties: dict, required: tuple[str, ...] = (), neutral: bool = True) -> dict:
+    """A body ``check_fields`` reads: ``properties``, the neutral fields at their neutral values
+    only, ``user``, and no other field (a 400 names it)."""
+    props = dict(properties)
+    if neutral:
+        for key, values in NEUTRAL.items():
+            if key not in props:
+                props[key] = {"enum": list(values), "description": WHY_NOT.get(key, "no effect in taskrun")}
+        props.update({k: {"description": "accepted and not read"} for k in TOLERATED})
+    schema = {"type": "object", "properties": props, "additionalProperties": False}
+    return {**schema, "required": list(required)} if required else schema
+
+
+TEXT_SCHEMA = {"type": "string", "maxLength": MAX_TEXT_CHARS}

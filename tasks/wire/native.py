@@ -40,6 +40,7 @@ from typing import Any
 
 from taskrun.tasks import events as ev
 from taskrun.tasks.base import to_jsonable
+from taskrun.tasks.wire import fields
 
 EVENT_NAMES: dict[type, str] = {
     ev.Token: "token",
@@ -118,3 +119,44 @@ def collect_files(task: str, rec, folder: Path) -> list[dict]:
             result.annotated = Path(result.annotated).name
     inside = [p for p in paths if Path(folder).resolve() in p.resolve().parents]  # never another file
     return [{"name": p.name, "data": base64.b64encode(p.read_bytes()).decode()} for p in inside]
+
+
+# --------------------------------------------------------------------------- OpenAPI request body
+# What job_from_native (tasks/wire/jobspec.py) and the route read: /openapi.json's schema of
+# POST /v1/tasks/{task}.
+
+_INPUT_ITEM = {
+    "anyOf": [
+        {"type": "string", "description": "a text"},
+        {"type": "object", "required": ["text"], "properties": {"text": {"type": "string"}}},
+        {
+            "type": "object",
+            "required": ["data"],
+            "properties": {
+                "data": {"type": "string", "description": "the file's bytes, base64 (or a data: URL)"},
+                "name": {"type": "string", "description": "its name, as results report it"},
+            },
+        },
+    ]
+}
+REQUEST_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "input": {"anyOf": [_INPUT_ITEM, {"type": "array", "items": _INPUT_ITEM}, {"type": "null"}]},
+        "options": {
+            "type": ["object", "null"],
+            "description": "the task's options by name, as `run tasks` lists them (an unknown one is a 400)",
+        },
+        "model": {"type": ["string", "null"]},
+        "runtime": {"type": ["string", "null"]},
+        "id": {"description": "the caller's id for the job"},
+        "task": {"description": "ignored: the path names the task"},
+        "stream": {"type": "boolean", "description": "events as NDJSON lines as they happen"},
+    },
+    "additionalProperties": False,
+}
+
+
+def openapi_body() -> dict:
+    """``openapi_extra`` for POST /v1/tasks/{task}."""
+    return fields.openapi_body(REQUEST_SCHEMA)
