@@ -12,6 +12,7 @@ import asyncio
 import json
 
 from fastapi import FastAPI
+from fastapi import Path as TaskName  # the path's {task}: /openapi.json lists the tasks
 from starlette.requests import Request
 
 from taskrun.runner.serve.httpio import answer, json_body, ndjson, on_close, opened, release
@@ -25,7 +26,7 @@ from taskrun.tasks.wire.native import collect_files, done_line, error_line, even
 
 def register(app: FastAPI, service) -> None:
     @app.post("/v1/tasks/{task}", openapi_extra=openapi_body())
-    async def native(task: str, request: Request):
+    async def native(request: Request, task: str = TaskName(json_schema_extra={"enum": list(REGISTRY)})):
         body = await json_body(request)
         stream = body.pop("stream", False)
         if not isinstance(stream, bool):

@@ -139,14 +139,42 @@ _INPUT_ITEM = {
         },
     ]
 }
+# the options a client names in place of a path (routes_native.py gives them their meaning)
+_SERVER_SET = {
+    "corpus": {"type": "string", "description": "search: a corpus the server serves, by NAME"},
+    "annotate": {"type": ["boolean", "string"], "description": "detect: true or a file name; it comes back in files"},
+    "json_schema": {"type": ["object", "boolean"], "description": "generate: the JSON Schema itself"},
+}
+
+
+def options_schema() -> dict:
+    """Every task's options by name, typed as tasks/base.py's make_options checks them (one
+    operation serves every task: a name two tasks share takes either's values)."""
+    from taskrun.tasks import REGISTRY
+    from taskrun.tasks.base import option_schema
+    from taskrun.tasks.wire.jobspec import path_options
+
+    props: dict[str, list[dict]] = {}
+    for name, task in REGISTRY.items():
+        paths = path_options(name)
+        for f in dataclasses.fields(task.Options):
+            schema = option_schema(f)
+            if f.name not in paths and schema not in props.setdefault(f.name, []):
+                props[f.name].append(schema)
+    merged = {k: v[0] if len(v) == 1 else {"anyOf": v} for k, v in props.items()}
+    return {
+        "type": ["object", "null"],
+        "properties": {**merged, **_SERVER_SET},
+        "additionalProperties": False,
+        "description": "the task's options by name, as `run tasks` lists them (one another task takes is a 400)",
+    }
+
+
 REQUEST_SCHEMA = {
     "type": "object",
     "properties": {
         "input": {"anyOf": [_INPUT_ITEM, {"type": "array", "items": _INPUT_ITEM}, {"type": "null"}]},
-        "options": {
-            "type": ["object", "null"],
-            "description": "the task's options by name, as `run tasks` lists them (an unknown one is a 400)",
-        },
+        "options": options_schema(),
         "model": {"type": ["string", "null"]},
         "runtime": {"type": ["string", "null"]},
         "id": {"description": "the caller's id for the job"},

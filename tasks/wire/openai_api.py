@@ -27,6 +27,7 @@ from taskrun.tasks.wire.fields import (
     MAX_INPUTS,
     MAX_MESSAGES,
     MAX_TEXT_CHARS,
+    PROMPT_SCHEMA,
     TEXT_SCHEMA,
     body_schema,
     check_fields,
@@ -309,8 +310,15 @@ def _images(path: str, body: dict, uploads: Uploads | None, allow_paths: bool) -
     size = typed(body, "size", str, "WIDTHxHEIGHT such as 256x256")
     if size and size != "auto":
         options["size"] = size
-    for key, kind in (("seed", int), ("steps", int), ("negative", str), ("guidance", (int, float)), ("label", str)):
-        value = typed(body, key, kind, "a number" if kind is not str else "a string")
+    # "'seed' must be a number (got 0.0)" misled: the whole numbers say so
+    for key, kind, what in (
+        ("seed", int, "a whole number"),
+        ("steps", int, "a whole number"),
+        ("negative", str, "a string"),
+        ("guidance", (int, float), "a number"),
+        ("label", str, "a string"),
+    ):
+        value = typed(body, key, kind, what)
         if value is not None:
             options[key] = value
     if uploads is None:
@@ -353,17 +361,40 @@ _PARTS = {
         "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
     },
 }
+_CONTENT = {"anyOf": [TEXT_SCHEMA, _PARTS, {"type": "null"}]}
+_NAME = {"type": ["string", "null"]}
+# by role: only an assistant message carries tool_calls, only a tool one answers a call (after the
+# assistant message that made it); the last message is the user's (a schema cannot say "last")
 MESSAGE_SCHEMA = {
-    "type": "object",
-    "required": ["role"],
-    "properties": {
-        "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
-        "content": {"anyOf": [TEXT_SCHEMA, _PARTS, {"type": "null"}]},
-        "name": {"type": ["string", "null"]},
-        "tool_calls": {**tools.TOOL_CALLS_SCHEMA, "description": "an assistant message's calls"},
-        "tool_call_id": {"type": ["string", "null"], "description": "a tool message's call"},
-    },
-    "additionalProperties": False,
+    "anyOf": [
+        {
+            "type": "object",
+            "required": ["role", "content"],
+            "properties": {
+                "role": {"enum": ["system", "developer", "user"]},
+                "content": {"anyOf": [TEXT_SCHEMA, _PARTS]},
+                "name": _NAME,
+            },
+            "additionalProperties": False,
+        },
+        {
+            "type": "object",
+            "required": ["role"],
+            "properties": {
+                "role": {"const": "assistant"},
+                "content": _CONTENT,
+                "name": _NAME,
+                "tool_calls": tools.TOOL_CALLS_SCHEMA,
+            },
+            "additionalProperties": False,
+        },
+        {
+            "type": "object",
+            "required": ["role", "content"],
+            "properties": {"role": {"const": "tool"}, "content": _CONTENT, "tool_call_id": _NAME, "name": _NAME},
+            "additionalProperties": False,
+        },
+    ]
 }
 _STREAM = {
     "stream": nullable("boolean"),
@@ -378,7 +409,7 @@ _SAMPLING = {
     **sampling_schema(SAMPLING),
     "max_completion_tokens": sampling_schema({"max_tokens"})["max_tokens"],
 }
-_TEXTS = {"anyOf": [TEXT_SCHEMA, {"type": "array", "items": TEXT_SCHEMA, "minItems": 1, "maxItems": MAX_INPUTS}]}
+_TEXTS = {"anyOf": [PROMPT_SCHEMA, {"type": "array", "items": PROMPT_SCHEMA, "minItems": 1, "maxItems": MAX_INPUTS}]}
 _AUDIO: dict[str, Any] = {
     "type": "object",
     "required": ["file"],
@@ -426,7 +457,7 @@ REQUEST_SCHEMAS: dict[str, dict] = {
     IMAGES: body_schema(
         {
             "model": _MODEL,
-            "prompt": {**TEXT_SCHEMA, "description": "none for an unconditional model such as digits-ddpm"},
+            "prompt": {**PROMPT_SCHEMA, "description": "none for an unconditional model such as digits-ddpm"},
             "n": nullable("integer", minimum=1, maximum=MAX_IMAGES),
             "size": nullable("string", description='WIDTHxHEIGHT such as 256x256, or "auto"'),
             "response_format": {"enum": ["b64_json", None], "description": "images are answered inline"},

@@ -19,7 +19,7 @@ from typing import Any
 
 from taskrun.tasks.wire import fields
 from taskrun.tasks.wire.errors import APIError, invalid, unsupported
-from taskrun.tasks.wire.fields import sampling_schema
+from taskrun.tasks.wire.fields import PROMPT_SCHEMA, sampling_schema
 from taskrun.tasks.wire.tools import FUNCTION_SCHEMA, MAX_TOOLS
 
 RESPONSES = "/v1/responses"
@@ -307,7 +307,10 @@ REQUEST_SCHEMA = {
     "required": ["input"],
     "properties": {
         "model": {"type": ["string", "null"]},
-        "input": {"anyOf": [{"type": "string"}, {"type": "array", "items": _ITEM}]},
+        "input": {
+            "anyOf": [PROMPT_SCHEMA, {"type": "array", "items": _ITEM, "minItems": 1}],
+            "description": "a text, or items (with previous_response_id, they continue that conversation)",
+        },
         "instructions": {"type": ["string", "null"], "description": "the system prompt"},
         **sampling_schema({"temperature", "top_p", "seed"}),
         "max_output_tokens": sampling_schema({"max_tokens"})["max_tokens"],

@@ -250,6 +250,7 @@ TOOL_CHOICE_SCHEMA = {
 }
 TOOL_CALLS_SCHEMA = {
     "type": ["array", "null"],
+    "minItems": 1,
     "items": {
         "type": "object",
         "required": ["function"],
