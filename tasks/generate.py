@@ -117,7 +117,7 @@ class Options:
         1.0,
         "--repeat-penalty",
         help="Above 1, makes tokens the answer already holds less likely "
-        "(1.1-1.3 stops small models looping; 1 = off).",
+        "(1.1-1.3 stops small models looping; 1 = off; 0.01 to 100).",
     )
     stop: tuple[str, ...] = option(
         (), "--stop", multiple=True, metavar="TEXT", help="Stop when this text appears (not included). Repeatable."
