@@ -19,6 +19,8 @@ from typing import Any
 class TaskError(Exception):
     """A problem the user can fix. The message names the fix; it is shown without a traceback."""
 
+    param: str | None = None  # the request field at fault, where one is known (an option: ``options.NAME``)
+
 
 # --------------------------------------------------------------------------- options
 
@@ -54,18 +56,74 @@ def option(
 
 
 def make_options(cls: type, values: dict[str, Any]) -> Any:
-    """Build ``cls(**values)``; unknown names are a TaskError that lists the known ones."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - names)
+    """Build ``cls(**values)``; unknown names are a TaskError that lists the known ones, and so
+    is a value not of its field's type or not one of its choices (a native request or a batch
+    line sends JSON: ``"stop": [5]`` must not reach the pipeline as a stop text)."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(fields))
     if unknown:
         raise TaskError(
             f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
-            f"this task takes: {', '.join(sorted(names)) or 'no options'}"
+            f"this task takes: {', '.join(sorted(fields)) or 'no options'}"
         )
+    for name, value in values.items():
+        _check_option(fields[name], value)
     try:
         return cls(**values)
     except TypeError as exc:  # a wrong type that __post_init__ did not catch
         raise TaskError(str(exc)) from exc
+
+
+# an Options field's declared type (its annotation, a string under `from __future__ import
+# annotations`) → what a value of it is, in words, the test, and its JSON Schema (/openapi.json);
+# other annotations are not checked
+_KINDS: dict[str, tuple[str, Any, dict]] = {
+    "bool": ("true or false", lambda v: isinstance(v, bool), {"type": "boolean"}),
+    "int": ("a whole number", lambda v: isinstance(v, int) and not isinstance(v, bool), {"type": "integer"}),
+    "float": ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), {"type": "number"}),
+    "str": ("a text", lambda v: isinstance(v, str), {"type": "string"}),
+    "tuple[str, ...]": (
+        "a list of texts",
+        lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v),
+        {"type": "array", "items": {"type": "string"}},
+    ),
+    "tuple": ("a list", lambda v: isinstance(v, (list, tuple)), {"type": "array"}),
+}
+
+
+def _kind(f: dataclasses.Field) -> tuple[str, bool]:
+    """(the field's type as _KINDS names it, whether None is allowed)."""
+    kind = str(f.type).replace(" ", "").replace(",...", ", ...")
+    return kind.removesuffix("|None"), kind.endswith("|None")
+
+
+def _check_option(f: dataclasses.Field, value: Any) -> None:
+    kind, optional = _kind(f)
+    if value is None and optional or kind not in _KINDS:
+        return
+    what, ok, _ = _KINDS[kind]
+    choices = f.metadata.get("choices")
+    if not ok(value):
+        shown = json.dumps(value, default=str)
+        message = f"option {f.name} must be {what}{' or null' if optional else ''} (got {shown[:40]})"
+    elif choices and isinstance(value, str) and value not in choices:
+        message = f"option {f.name} takes one of: {', '.join(choices)} (got {json.dumps(value)[:40]})"
+    else:
+        return
+    err = TaskError(message)
+    err.param = f"options.{f.name}"  # where a request holds it (an API error's param)
+    raise err
+
+
+def option_schema(f: dataclasses.Field) -> dict:
+    """The JSON Schema of an Options field's values, as ``make_options`` checks them ({}: any)."""
+    kind, optional = _kind(f)
+    schema = dict(_KINDS[kind][2]) if kind in _KINDS else {}
+    if f.metadata.get("choices"):
+        schema["enum"] = list(f.metadata["choices"])
+    if optional and schema:
+        schema = {"anyOf": [schema, {"type": "null"}]}
+    return schema
 
 
 def require(ok: bool, message: str) -> None:

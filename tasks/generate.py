@@ -9,6 +9,10 @@ from typing import TYPE_CHECKING
 
 from taskrun.tasks.base import Task, TaskError, metric, option, require
 
+# --repeat-penalty's range: 1 is off; far below it a penalised logit overflows (1e-300 made the
+# sampler's probabilities nan, a server error), and nobody rewards repetition a hundredfold
+REPEAT_PENALTY = (0.01, 100.0)
+
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
 
@@ -113,7 +117,7 @@ class Options:
         1.0,
         "--repeat-penalty",
         help="Above 1, makes tokens the answer already holds less likely "
-        "(1.1-1.3 stops small models looping; 1 = off).",
+        "(1.1-1.3 stops small models looping; 1 = off; 0.01 to 100).",
     )
     stop: tuple[str, ...] = option(
         (), "--stop", multiple=True, metavar="TEXT", help="Stop when this text appears (not included). Repeatable."
@@ -162,7 +166,11 @@ class Options:
     def __post_init__(self):
         check_sampling(self.max_tokens, self.temperature, self.top_p, self.top_k)
         require(self.seed is None or self.seed >= 0, f"--seed must be 0 or more (got {self.seed})")
-        require(self.repeat_penalty > 0, f"--repeat-penalty must be above 0, e.g. 1.1 (got {self.repeat_penalty})")
+        require(
+            REPEAT_PENALTY[0] <= self.repeat_penalty <= REPEAT_PENALTY[1],
+            f"--repeat-penalty must be from {REPEAT_PENALTY[0]:g} to {REPEAT_PENALTY[1]:g}, e.g. 1.1 "
+            f"(got {self.repeat_penalty})",
+        )
         require(all(self.stop), "--stop needs a non-empty text")
         require(self.draft_tokens >= 0, f"--draft-tokens must be 0 (adaptive) or more (got {self.draft_tokens})")
         require(self.price_in >= 0 and self.price_out >= 0, "--price-in/--price-out must be 0 or more")

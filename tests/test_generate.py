@@ -255,6 +255,20 @@ def test_lean_decoder_matches_transformers_token_for_token(tiny, monkeypatch):
         assert len(c.token_ids) == 30 and c.token_ids[:3] == a.token_ids[:3]
 
 
+def test_a_temperature_greedy_in_all_but_name_draws_the_top_token():
+    """1e-300 divided the logits to inf (inf - inf = nan: a server error through /v1/chat); from
+    the largest logit down it is the greedy choice."""
+    import torch
+
+    from taskrun.pipelines.llm.sampling import Sampling, sample
+    from taskrun.pipelines.llm.speculative import probs
+
+    logits = torch.tensor([0.0, 1.0, 3.0, 2.5])
+    for t in (1e-300, 1e-45, 5e-324):
+        assert sample(logits, Sampling(temperature=t, top_p=0.9), torch.Generator().manual_seed(0)) == 2
+        assert probs(logits.numpy(), Sampling(temperature=t), [])[2] == 1.0
+
+
 def test_repeat_penalty_and_token_mask_change_the_choice():
     import torch
 
@@ -307,4 +321,4 @@ def test_greedy_on_a_numpy_row_chooses_what_torch_chooses():
 
 def test_bad_repeat_penalty_is_refused(tiny):
     r = CliRunner().invoke(main, ["generate", "hi", "--repeat-penalty", "0", "--model", tiny, "-q"])
-    assert r.exit_code != 0 and "--repeat-penalty must be above 0" in r.output
+    assert r.exit_code != 0 and "--repeat-penalty must be from 0.01 to 100" in r.output

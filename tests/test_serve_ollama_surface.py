@@ -39,6 +39,41 @@ def test_version_show_and_ps(client):
     assert err.value.status_code == 404 and err.value.error == "model 'no-such-model' not found"
 
 
+def test_show_answers_a_go_template_and_keeps_the_jinja_one(client, url, monkeypatch):
+    """Ollama's /api/show template is a Go template; litellm's ollama/ provider reads it only for
+    "tools" (whether the model calls tools) and model_info for the window. The model's own Jinja
+    template stays under model_info's tokenizer.chat_template."""
+    from tests.tiny.generate import CHAT_TEMPLATE, CONTEXT
+
+    shown = client.show("tiny-llama")
+    assert shown.template.startswith("{{ $prev") and "{%" not in shown.template
+    for part in ("<|im_start|>user\n{{ $m.Content }}<|im_end|>", "{{ json $t }}", "<tool_response>"):
+        assert part in shown.template, part
+    assert shown.template.endswith("<|im_start|>assistant\n")
+    assert shown.modelinfo["tokenizer.chat_template"] == CHAT_TEMPLATE
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no price map fetched from GitHub
+    from litellm.llms.ollama.common_utils import OllamaModelInfo
+
+    info = OllamaModelInfo().get_model_info("ollama/tiny-llama", api_base=url)
+    assert info["supports_function_calling"] is True and info["max_input_tokens"] == CONTEXT
+
+
+@pytest.mark.parametrize(
+    "jinja, marks",
+    [
+        ("{{ '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud.<|im_end|>\\n' }}", ["You are Qwen"]),
+        ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM<|im_end|>", ["named SmolLM<|im_end|>"]),
+        ("{{ bos_token }}<start_of_turn>user\n", ["<start_of_turn>model\n{{ $m.Content }}", "{{ if $first }}"]),
+    ],
+)
+def test_the_go_template_of_each_family_taskrun_ships(jinja, marks):
+    from taskrun.tasks.wire.ollama_info import go_template
+
+    out = go_template(jinja)
+    assert ".Tools" in out and all(m in out for m in marks), out
+    assert go_template("{{ messages }}") == ""  # a format taskrun does not know: no Go template
+
+
 def test_errors_come_in_ollamas_shape(url):
     r = httpx.post(url + "/api/chat", json={"model": "tiny-llama", "messages": "hi", "stream": False})
     assert r.status_code == 400 and isinstance(r.json()["error"], str)

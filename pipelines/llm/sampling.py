@@ -80,7 +80,10 @@ def sample(logits, s: Sampling, gen, history: list[int] = (), allowed=None) -> i
         logits = logits.float().masked_fill(~allowed, float("-inf"))
     if s.temperature == 0:
         return int(torch.argmax(logits))
-    logits = logits.float() / s.temperature
+    # from the largest logit down, in float64: a temperature as small as 1e-300 (greedy in all but
+    # name) divides to -inf where dividing the logits themselves overflowed to inf - inf = nan
+    logits = logits.double()
+    logits = ((logits - logits.max()) / s.temperature).float()
     if s.top_k and s.top_k < logits.shape[-1]:
         kth = torch.topk(logits, s.top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -125,7 +125,8 @@ def probs(logits: np.ndarray, s: Sampling, history: list[int]) -> np.ndarray:
         seen = np.array(sorted(set(history)))
         v = x[seen]
         x[seen] = np.where(v > 0, v / s.repeat_penalty, v * s.repeat_penalty)
-    x /= s.temperature
+    with np.errstate(over="ignore"):  # as sampling.sample: from the top down, a tiny temperature sends
+        x = (x - x.max()) / s.temperature  # the others to -inf (greedy), never the top to inf - inf = nan
     if s.top_k and s.top_k < x.shape[-1]:
         kth = np.partition(x, -s.top_k)[-s.top_k]
         x[x < kth] = -np.inf

@@ -12,6 +12,7 @@ import asyncio
 import json
 
 from fastapi import FastAPI
+from fastapi import Path as TaskName  # the path's {task}: /openapi.json lists the tasks
 from starlette.requests import Request
 
 from taskrun.runner.serve.httpio import answer, json_body, ndjson, on_close, opened, release
@@ -20,12 +21,12 @@ from taskrun.tasks.base import TaskError
 from taskrun.tasks.wire.errors import APIError, from_task_error, invalid
 from taskrun.tasks.wire.fields import MAX_INPUTS, MAX_TEXT_CHARS
 from taskrun.tasks.wire.jobspec import JobSpec, Uploads, job_from_native
-from taskrun.tasks.wire.native import collect_files, done_line, error_line, event_to_wire, scrub
+from taskrun.tasks.wire.native import collect_files, done_line, error_line, event_to_wire, openapi_body, scrub
 
 
 def register(app: FastAPI, service) -> None:
-    @app.post("/v1/tasks/{task}")
-    async def native(task: str, request: Request):
+    @app.post("/v1/tasks/{task}", openapi_extra=openapi_body())
+    async def native(request: Request, task: str = TaskName(json_schema_extra={"enum": list(REGISTRY)})):
         body = await json_body(request)
         stream = body.pop("stream", False)
         if not isinstance(stream, bool):

@@ -28,7 +28,7 @@ def register(app: FastAPI, service) -> None:
     async def version():
         return {"version": info.OLLAMA_API_VERSION}
 
-    @app.post("/api/show")
+    @app.post("/api/show", openapi_extra=ol.openapi_body("/api/show"))
     async def show(request: Request):
         from taskrun.models.chat_info import chat_info
 
@@ -43,7 +43,7 @@ def register(app: FastAPI, service) -> None:
         rows = await asyncio.to_thread(service.catalogue.rows)
         return info.ps_body(rows, {e["digest"] for e in cache_info()})
 
-    @app.post("/api/embeddings")
+    @app.post("/api/embeddings", openapi_extra=ol.openapi_body("/api/embeddings"))
     async def embeddings(request: Request):
         """The legacy endpoint: ``prompt`` → one ``embedding``."""
         t0 = time.perf_counter()
@@ -54,11 +54,11 @@ def register(app: FastAPI, service) -> None:
         vectors = ol.embed_body(spec.model, rec, time.perf_counter() - t0)["embeddings"]
         return answer({"embedding": vectors[0] if vectors else []}, run_id)
 
-    @app.post("/api/pull")
+    @app.post("/api/pull", openapi_extra=ol.openapi_body("/api/pull"))
     async def pull(request: Request):
         raise info.pull_refused(await json_body(request), await asyncio.to_thread(service.catalogue.rows))
 
-    @app.delete("/api/delete")
+    @app.delete("/api/delete", openapi_extra=ol.openapi_body("/api/delete"))
     async def delete(request: Request):
         raise info.delete_refused(await json_body(request))
 

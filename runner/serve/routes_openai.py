@@ -39,15 +39,15 @@ def register(app: FastAPI, service) -> None:
             )
         return model_object(row)
 
-    @app.post(oa.CHAT)
+    @app.post(oa.CHAT, openapi_extra=oa.openapi_body(oa.CHAT))
     async def chat(request: Request):
         return await completion(service, request, oa.CHAT)
 
-    @app.post(oa.COMPLETIONS)
+    @app.post(oa.COMPLETIONS, openapi_extra=oa.openapi_body(oa.COMPLETIONS))
     async def completions(request: Request):
         return await completion(service, request, oa.COMPLETIONS)
 
-    @app.post(oa.EMBEDDINGS)
+    @app.post(oa.EMBEDDINGS, openapi_extra=oa.openapi_body(oa.EMBEDDINGS))
     async def embeddings(request: Request):
         body = await json_body(request)
         spec = oa.job_from_openai(oa.EMBEDDINGS, body, uploads=None)
@@ -55,9 +55,9 @@ def register(app: FastAPI, service) -> None:
         return answer(oa.openai_body(oa.EMBEDDINGS, spec, rec, body), run_id)
 
     for path in (oa.TRANSCRIPTIONS, oa.TRANSLATIONS):
-        app.add_api_route(path, _audio_endpoint(service, path), methods=["POST"])
+        app.add_api_route(path, _audio_endpoint(service, path), methods=["POST"], openapi_extra=oa.openapi_body(path))
 
-    @app.post(oa.IMAGES)
+    @app.post(oa.IMAGES, openapi_extra=oa.openapi_body(oa.IMAGES))
     async def images(request: Request):
         return await simple(service, request, oa.IMAGES, await json_body(request))
 

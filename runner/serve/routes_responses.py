@@ -26,7 +26,7 @@ from taskrun.tasks.wire.tools import tool_request
 def register(app: FastAPI, service) -> None:
     store = ra.ResponseStore()
 
-    @app.post(ra.RESPONSES)
+    @app.post(ra.RESPONSES, openapi_extra=ra.openapi_body())
     async def responses(request: Request):
         return await create(service, store, request)
 

@@ -67,7 +67,7 @@ def from_task_error(exc: TaskError) -> APIError:
     if message.startswith(_NOT_FOUND_PREFIXES) or any(p in message for p in _NOT_FOUND_PARTS):
         return APIError(404, message, param="model", code="model_not_found")
     code = "context_length_exceeded" if _CONTEXT_EXCEEDED in message else None
-    return APIError(400, api_words(message), code=code)
+    return APIError(400, api_words(message), param=exc.param, code=code)
 
 
 def unsupported(field: str, why: str = "") -> APIError:

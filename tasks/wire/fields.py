@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 from taskrun.tasks.base import Input, TaskError
+from taskrun.tasks.generate import REPEAT_PENALTY
 from taskrun.tasks.inputs import text_input
 from taskrun.tasks.wire.errors import APIError, invalid, unsupported
 
@@ -179,12 +180,16 @@ def _check_str(value: str, where: str) -> None:
         ) from None
 
 
-def number(body: dict, key: str, kind: type | tuple, what: str, low: float, high: float, field: str = "") -> Any:
-    """``typed`` within [low, high]: a 400 naming the field, its form and its range otherwise."""
+def number(
+    body: dict, key: str, kind: type | tuple, what: str, low: float, high: float, field: str = "", above: bool = False
+) -> Any:
+    """``typed`` within [low, high] (``above``: (low, high]): a 400 naming the field, its form and
+    its range otherwise."""
     name = field or key
     value = typed(body, key, kind, what) if not field else _typed_as(body, key, kind, what, field)
-    if value is not None and not low <= value <= high:
-        raise invalid(name, f"'{name}' must be {what} from {_num(low)} to {_num(high)} (got {_num(value)})")
+    if value is not None and ((value <= low if above else value < low) or value > high):
+        span = f"above {_num(low)} and at most {_num(high)}" if above else f"from {_num(low)} to {_num(high)}"
+        raise invalid(name, f"'{name}' must be {what} {span} (got {_num(value)})")
     return value
 
 
@@ -199,21 +204,27 @@ def _typed_as(body: dict, key: str, kind: type | tuple, what: str, field: str) -
         raise invalid(field, f"'{field}' must be {what} (got {json.dumps(body.get(key))[:40]})") from None
 
 
+# (field, its type, its form in words, lowest, highest, whether the lowest itself is refused): what
+# ``sampling`` reads, as generate's Options check it (tasks/generate.py), and /openapi.json says
+SAMPLING_RANGES: tuple[tuple[str, Any, str, float, float, bool], ...] = (
+    ("max_tokens", int, "a whole number of tokens", 1, 10_000_000, False),  # Ollama's num_predict goes lower
+    ("temperature", (int, float), "a number", 0, 100, False),
+    ("top_p", (int, float), "a number", 0, 1, True),
+    ("seed", int, "a whole number", 0, 2**32 - 1, False),
+    ("top_k", int, "a whole number", 0, 1_000_000, False),
+    ("repeat_penalty", (int, float), "a number", *REPEAT_PENALTY, False),
+    ("context", int, "a whole number of tokens", 1, 10_000_000, False),  # Ollama's num_ctx
+)
+
+
 def sampling(values: dict, prefix: str = "", fewest_tokens: int = 1, names: dict | None = None) -> dict:
     """generate's options from sampling fields (OpenAI's names; Ollama's options map onto them):
     each of its type and range, ``stop`` a string or a list of up to 16."""
     out: dict[str, Any] = {}
     name = {k: prefix + (names or {}).get(k, k) for k in values}
-    for key, kind, what, low, high in (
-        ("max_tokens", int, "a whole number of tokens", fewest_tokens, 10_000_000),
-        ("temperature", (int, float), "a number", 0, 100),
-        ("top_p", (int, float), "a number", 0, 1),
-        ("seed", int, "a whole number", 0, 2**32 - 1),
-        ("top_k", int, "a whole number", 0, 1_000_000),
-        ("repeat_penalty", (int, float), "a number", 0, 100),
-        ("context", int, "a whole number of tokens", 1, 10_000_000),  # Ollama's num_ctx
-    ):
-        value = number(values, key, kind, what, low, high, name.get(key, key))
+    for key, kind, what, low, high, above in SAMPLING_RANGES:
+        low = fewest_tokens if key == "max_tokens" else low
+        value = number(values, key, kind, what, low, high, name.get(key, key), above)
         if value is not None:
             out[key] = value
     stop = values.get("stop")
@@ -224,3 +235,59 @@ def sampling(values: dict, prefix: str = "", fewest_tokens: int = 1, names: dict
             raise invalid(field, f"'{field}' must be a non-empty string or a list of up to 16 of them")
         out["stop"] = stops
     return out
+
+
+# --------------------------------------------------------------------------- OpenAPI request bodies
+# The routes read raw bodies (neutral values are accepted that a strict model would refuse), so each
+# parser declares its body's schema for /openapi.json beside the code that reads it, from the same
+# tables where there is one (SAMPLING_RANGES, NEUTRAL).
+
+STOP_SCHEMA = {
+    "anyOf": [
+        {"type": "string", "minLength": 1},
+        {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 16},
+        {"type": "null"},
+    ]
+}
+
+
+def openapi_body(schema: dict, media: str = "application/json") -> dict:
+    """``openapi_extra`` for a route that reads its body itself: the body's schema in /openapi.json."""
+    return {"requestBody": {"required": True, "content": {media: {"schema": schema}}}}
+
+
+def nullable(kind: str, **more: Any) -> dict:
+    """A field ``typed`` reads: ``kind`` or null (absent)."""
+    return {"type": [kind, "null"], **more}
+
+
+def sampling_schema(keys: set[str], fewest_tokens: int = 1, names: dict | None = None) -> dict:
+    """The properties ``sampling`` reads among ``keys`` (under the wire names ``names`` gives them)."""
+    out: dict[str, Any] = {}
+    for key, kind, what, low, high, above in SAMPLING_RANGES:
+        if key in keys:
+            low = fewest_tokens if key == "max_tokens" else low
+            bound = {"exclusiveMinimum": low} if above else {"minimum": low}
+            out[(names or {}).get(key, key)] = nullable(
+                "integer" if kind is int else "number", **bound, maximum=high, description=what
+            )
+    if "stop" in keys:
+        out[(names or {}).get("stop", "stop")] = STOP_SCHEMA
+    return out
+
+
+def body_schema(properties: dict, required: tuple[str, ...] = (), neutral: bool = True) -> dict:
+    """A body ``check_fields`` reads: ``properties``, the neutral fields at their neutral values
+    only, ``user``, and no other field (a 400 names it)."""
+    props = dict(properties)
+    if neutral:
+        for key, values in NEUTRAL.items():
+            if key not in props:
+                props[key] = {"enum": list(values), "description": WHY_NOT.get(key, "no effect in taskrun")}
+        props.update({k: {"description": "accepted and not read"} for k in TOLERATED})
+    schema = {"type": "object", "properties": props, "additionalProperties": False}
+    return {**schema, "required": list(required)} if required else schema
+
+
+TEXT_SCHEMA = {"type": "string", "maxLength": MAX_TEXT_CHARS}
+PROMPT_SCHEMA = {**TEXT_SCHEMA, "pattern": r"\S", "description": "a text that is not blank"}  # text_of's rule

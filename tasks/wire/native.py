@@ -40,6 +40,7 @@ from typing import Any
 
 from taskrun.tasks import events as ev
 from taskrun.tasks.base import to_jsonable
+from taskrun.tasks.wire import fields
 
 EVENT_NAMES: dict[type, str] = {
     ev.Token: "token",
@@ -118,3 +119,72 @@ def collect_files(task: str, rec, folder: Path) -> list[dict]:
             result.annotated = Path(result.annotated).name
     inside = [p for p in paths if Path(folder).resolve() in p.resolve().parents]  # never another file
     return [{"name": p.name, "data": base64.b64encode(p.read_bytes()).decode()} for p in inside]
+
+
+# --------------------------------------------------------------------------- OpenAPI request body
+# What job_from_native (tasks/wire/jobspec.py) and the route read: /openapi.json's schema of
+# POST /v1/tasks/{task}.
+
+_INPUT_ITEM = {
+    "anyOf": [
+        {"type": "string", "description": "a text"},
+        {"type": "object", "required": ["text"], "properties": {"text": {"type": "string"}}},
+        {
+            "type": "object",
+            "required": ["data"],
+            "properties": {
+                "data": {"type": "string", "description": "the file's bytes, base64 (or a data: URL)"},
+                "name": {"type": "string", "description": "its name, as results report it"},
+            },
+        },
+    ]
+}
+# the options a client names in place of a path (routes_native.py gives them their meaning)
+_SERVER_SET = {
+    "corpus": {"type": "string", "description": "search: a corpus the server serves, by NAME"},
+    "annotate": {"type": ["boolean", "string"], "description": "detect: true or a file name; it comes back in files"},
+    "json_schema": {"type": ["object", "boolean"], "description": "generate: the JSON Schema itself"},
+}
+
+
+def options_schema() -> dict:
+    """Every task's options by name, typed as tasks/base.py's make_options checks them (one
+    operation serves every task: a name two tasks share takes either's values)."""
+    from taskrun.tasks import REGISTRY
+    from taskrun.tasks.base import option_schema
+    from taskrun.tasks.wire.jobspec import path_options
+
+    props: dict[str, list[dict]] = {}
+    for name, task in REGISTRY.items():
+        paths = path_options(name)
+        for f in dataclasses.fields(task.Options):
+            schema = option_schema(f)
+            if f.name not in paths and schema not in props.setdefault(f.name, []):
+                props[f.name].append(schema)
+    merged = {k: v[0] if len(v) == 1 else {"anyOf": v} for k, v in props.items()}
+    return {
+        "type": ["object", "null"],
+        "properties": {**merged, **_SERVER_SET},
+        "additionalProperties": False,
+        "description": "the task's options by name, as `run tasks` lists them (one another task takes is a 400)",
+    }
+
+
+REQUEST_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "input": {"anyOf": [_INPUT_ITEM, {"type": "array", "items": _INPUT_ITEM}, {"type": "null"}]},
+        "options": options_schema(),
+        "model": {"type": ["string", "null"]},
+        "runtime": {"type": ["string", "null"]},
+        "id": {"description": "the caller's id for the job"},
+        "task": {"description": "ignored: the path names the task"},
+        "stream": {"type": "boolean", "description": "events as NDJSON lines as they happen"},
+    },
+    "additionalProperties": False,
+}
+
+
+def openapi_body() -> dict:
+    """``openapi_extra`` for POST /v1/tasks/{task}."""
+    return fields.openapi_body(REQUEST_SCHEMA)

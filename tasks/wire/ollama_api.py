@@ -305,15 +305,23 @@ def tags_body(rows: list[dict]) -> dict:
 # The routes read raw bodies (neutral values are accepted that a strict model would refuse), so
 # their request schemas are declared here for /openapi.json; extra fields stay allowed, as in Ollama.
 _OPTIONS = {
-    "type": "object",
-    "description": "sampling options (temperature, top_p, top_k, seed, num_predict, stop, ...)",
+    "type": ["object", "null"],
+    "properties": fields.sampling_schema(
+        set(OPTIONS.values()), fewest_tokens=-2, names={v: k for k, v in OPTIONS.items()}
+    ),
+    # any other option only at a neutral value (langchain sends every option, unset ones as null)
+    "additionalProperties": {"enum": [None, [], {}]},
+}
+_KEEP_ALIVE = {
+    "type": ["string", "number", "null"],
+    "description": 'a duration such as "5m", seconds, 0 to unload, negative to keep',
 }
 _COMMON = {
     "model": {"type": "string"},
     "stream": {"type": "boolean", "default": True},
     "format": {"description": '"json" or a JSON schema'},
     "options": _OPTIONS,
-    "keep_alive": {"description": 'a duration such as "5m", seconds, 0 to unload, negative to keep'},
+    "keep_alive": _KEEP_ALIVE,
 }
 _MESSAGE = {
     "type": "object",
@@ -324,6 +332,11 @@ _MESSAGE = {
         "images": {"type": "array", "items": {"type": "string"}},
         "tool_calls": {"type": "array", "items": {"type": "object"}},
     },
+}
+_TEXTS = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
+_NAMED: dict[str, Any] = {
+    "type": "object",
+    "properties": {"model": {"type": "string"}, "name": {"type": "string", "description": "older clients' model"}},
 }
 REQUEST_SCHEMAS = {
     "/api/generate": {
@@ -350,15 +363,28 @@ REQUEST_SCHEMAS = {
         "required": ["model", "input"],
         "properties": {
             "model": {"type": "string"},
-            "input": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+            "input": _TEXTS,
             "truncate": {"type": "boolean", "default": True},
             "options": _OPTIONS,
-            "keep_alive": _COMMON["keep_alive"],
+            "keep_alive": _KEEP_ALIVE,
         },
     },
+    "/api/embeddings": {  # the legacy one: one text as prompt
+        "type": "object",
+        "required": ["model", "prompt"],
+        "properties": {
+            "model": {"type": "string"},
+            "prompt": {"type": "string"},
+            "options": _OPTIONS,
+            "keep_alive": _KEEP_ALIVE,
+        },
+    },
+    "/api/show": {**_NAMED, "properties": {**_NAMED["properties"], "verbose": {"type": "boolean"}}},
+    "/api/pull": {**_NAMED, "description": "always refused: this server does not download models"},
+    "/api/delete": {**_NAMED, "description": "always refused: this server does not delete models"},
 }
 
 
 def openapi_body(path: str) -> dict:
     """``openapi_extra`` for a route that reads its JSON body itself."""
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": REQUEST_SCHEMAS[path]}}}}
+    return fields.openapi_body(REQUEST_SCHEMAS[path])

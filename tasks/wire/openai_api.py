@@ -34,9 +34,17 @@ from taskrun.tasks.wire.fields import (
     typed,
 )
 from taskrun.tasks.wire.jobspec import JobSpec, Uploads
+from taskrun.tasks.wire.openai_fields import (
+    CHAT,
+    COMPLETIONS,
+    EMBEDDINGS,
+    IMAGES,
+    SAMPLING,
+    TRANSCRIPTIONS,
+    TRANSLATIONS,
+    openapi_body,
+)
 
-CHAT, COMPLETIONS, EMBEDDINGS = "/v1/chat/completions", "/v1/completions", "/v1/embeddings"
-TRANSCRIPTIONS, TRANSLATIONS, IMAGES = "/v1/audio/transcriptions", "/v1/audio/translations", "/v1/images/generations"
 TASK_OF = {
     CHAT: "generate",
     COMPLETIONS: "generate",
@@ -47,7 +55,6 @@ TASK_OF = {
 }
 
 TOOL_FIELDS = {"tools", "tool_choice", "parallel_tool_calls"}
-SAMPLING = {"max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "top_k", "repeat_penalty"}
 
 
 def job_from_openai(path: str, body: dict, *, uploads: Uploads | None, allow_paths: bool = False) -> JobSpec:
@@ -305,8 +312,15 @@ def _images(path: str, body: dict, uploads: Uploads | None, allow_paths: bool) -
     size = typed(body, "size", str, "WIDTHxHEIGHT such as 256x256")
     if size and size != "auto":
         options["size"] = size
-    for key, kind in (("seed", int), ("steps", int), ("negative", str), ("guidance", (int, float)), ("label", str)):
-        value = typed(body, key, kind, "a number" if kind is not str else "a string")
+    # "'seed' must be a number (got 0.0)" misled: the whole numbers say so
+    for key, kind, what in (
+        ("seed", int, "a whole number"),
+        ("steps", int, "a whole number"),
+        ("negative", str, "a string"),
+        ("guidance", (int, float), "a number"),
+        ("label", str, "a string"),
+    ):
+        value = typed(body, key, kind, what)
         if value is not None:
             options[key] = value
     if uploads is None:
@@ -346,4 +360,4 @@ _PARSERS: dict[str, Callable[[str, dict, Uploads | None, bool], JobSpec]] = {
     IMAGES: _images,
 }
 
-__all__ = ["TASK_OF", "APIError", "job_from_openai", "openai_body"]
+__all__ = ["TASK_OF", "APIError", "job_from_openai", "openai_body", "openapi_body"]

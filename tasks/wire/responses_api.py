@@ -17,7 +17,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from taskrun.tasks.wire import fields
 from taskrun.tasks.wire.errors import APIError, invalid, unsupported
+from taskrun.tasks.wire.fields import PROMPT_SCHEMA, sampling_schema
+from taskrun.tasks.wire.tools import FUNCTION_SCHEMA, MAX_TOOLS
 
 RESPONSES = "/v1/responses"
 MAX_KEPT = 512  # responses kept for previous_response_id (each holds its conversation's messages)
@@ -243,3 +246,110 @@ def _text(content: Any, where: str) -> str:
             parts.append(part["text"])
         return "".join(parts)
     raise invalid(where, f"{where} must be a string or a list of input_text parts")
+
+
+# --------------------------------------------------------------------------- OpenAPI request body
+# What read_request reads: /openapi.json's schema of POST /v1/responses.
+
+_PARTS = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "required": ["type", "text"],
+        "properties": {"type": {"enum": list(_PART_TYPES)}, "text": {"type": "string"}},
+    },
+}
+_CONTENT = {"anyOf": [{"type": "string"}, _PARTS]}
+_ITEM = {
+    "anyOf": [
+        {
+            "type": "object",
+            "required": ["role", "content"],
+            "properties": {
+                "type": {"const": "message"},
+                "role": {"enum": ["user", "assistant", "system", "developer"]},
+                "content": _CONTENT,
+            },
+        },
+        {
+            "type": "object",
+            "required": ["type", "name"],
+            "properties": {
+                "type": {"const": "function_call"},
+                "call_id": {"type": "string"},
+                "name": {"type": "string"},
+                "arguments": {"type": "string", "description": "the arguments as JSON text"},
+            },
+        },
+        {
+            "type": "object",
+            "required": ["type", "call_id", "output"],
+            "properties": {
+                "type": {"const": "function_call_output"},
+                "call_id": {"type": "string"},
+                "output": _CONTENT,
+            },
+        },
+        {"type": "object", "required": ["type"], "properties": {"type": {"const": "reasoning"}}},
+    ]
+}
+_FORMAT = {
+    "type": ["object", "null"],
+    "required": ["type"],
+    "properties": {
+        "type": {"enum": ["text", "json_object", "json_schema"]},
+        "name": {"type": "string"},
+        "schema": {"type": ["object", "boolean"], "description": "with json_schema: the JSON Schema"},
+    },
+}
+REQUEST_SCHEMA = {
+    "type": "object",
+    "required": ["input"],
+    "properties": {
+        "model": {"type": ["string", "null"]},
+        "input": {
+            "anyOf": [PROMPT_SCHEMA, {"type": "array", "items": _ITEM, "minItems": 1}],
+            "description": "a text, or items (with previous_response_id, they continue that conversation)",
+        },
+        "instructions": {"type": ["string", "null"], "description": "the system prompt"},
+        **sampling_schema({"temperature", "top_p", "seed"}),
+        "max_output_tokens": sampling_schema({"max_tokens"})["max_tokens"],
+        "tools": {
+            "type": ["array", "null"],
+            "maxItems": MAX_TOOLS,
+            "items": {
+                **FUNCTION_SCHEMA,
+                "required": ["type", "name"],
+                "properties": {"type": {"const": "function"}, **FUNCTION_SCHEMA["properties"]},
+            },
+        },
+        "tool_choice": {
+            "anyOf": [
+                {"enum": ["auto", "none", "required", None]},
+                {
+                    "type": "object",
+                    "required": ["type", "name"],
+                    "properties": {"type": {"const": "function"}, "name": {"type": "string"}},
+                },
+            ]
+        },
+        "parallel_tool_calls": {"type": ["boolean", "null"]},
+        "stream": {"type": ["boolean", "null"]},
+        "store": {"type": ["boolean", "null"], "description": "false: not kept for previous_response_id"},
+        "text": {
+            "type": ["object", "null"],
+            "properties": {"format": _FORMAT, "verbosity": {"enum": ["medium", None]}},
+            "additionalProperties": False,
+        },
+        "previous_response_id": {"type": ["string", "null"]},
+        "metadata": {"description": "accepted and not read"},
+        "user": {"description": "accepted and not read"},
+        **{k: {"enum": list(v), "description": "no effect in taskrun"} for k, v in NEUTRAL.items()},
+    },
+    "additionalProperties": False,
+}
+
+
+def openapi_body(path: str = RESPONSES) -> dict:
+    """``openapi_extra`` for POST /v1/responses."""
+    return fields.openapi_body(REQUEST_SCHEMA)

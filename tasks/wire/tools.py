@@ -375,3 +375,58 @@ def _text(content: Any, where: str) -> str:
     if isinstance(content, (dict, list)):
         return json.dumps(content)
     raise invalid(where, f"{where} must be a string or a list of text parts")
+
+
+# --------------------------------------------------------------------------- OpenAPI request bodies
+
+FUNCTION_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["name"],
+    "properties": {
+        "name": {"type": "string", "pattern": _NAME.pattern},
+        "description": {"type": ["string", "null"]},
+        "parameters": {"type": ["object", "null"], "description": "a JSON Schema (default: no arguments)"},
+    },
+}
+TOOLS_SCHEMA = {
+    "type": ["array", "null"],
+    "maxItems": MAX_TOOLS,
+    "items": {
+        "type": "object",
+        "required": ["type", "function"],
+        "properties": {"type": {"const": "function"}, "function": FUNCTION_SCHEMA},
+    },
+}
+TOOL_CHOICE_SCHEMA = {
+    "anyOf": [
+        {"enum": ["auto", "none", "required", None]},
+        {
+            "type": "object",
+            "required": ["type", "function"],
+            "properties": {
+                "type": {"const": "function"},
+                "function": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}},
+            },
+        },
+    ]
+}
+TOOL_CALLS_SCHEMA = {
+    "type": ["array", "null"],
+    "minItems": 1,
+    "items": {
+        "type": "object",
+        "required": ["function"],
+        "properties": {
+            "id": {"type": "string"},
+            "type": {"const": "function"},
+            "function": {
+                "type": "object",
+                "required": ["name"],
+                "properties": {
+                    "name": {"type": "string"},
+                    "arguments": {"type": ["string", "object"], "description": "JSON text (OpenAI) or an object"},
+                },
+            },
+        },
+    },
+}
