@@ -51,6 +51,8 @@ def test_show_answers_a_go_template_and_keeps_the_jinja_one(client, url, monkeyp
         assert part in shown.template, part
     assert shown.template.endswith("<|im_start|>assistant\n")
     assert shown.modelinfo["tokenizer.chat_template"] == CHAT_TEMPLATE
+    assert shown.capabilities == ["completion", "tools"]  # as Ollama: its template renders tools
+    assert client.show("tiny-bert").capabilities == ["embedding"]
     monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no price map fetched from GitHub
     from litellm.llms.ollama.common_utils import OllamaModelInfo
 

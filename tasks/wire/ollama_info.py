@@ -52,10 +52,13 @@ def show_body(row: dict, chat: dict | None = None) -> dict:
         model_info[f"{model_info['general.architecture']}.context_length"] = chat["context_length"]
     if chat.get("template"):
         model_info["tokenizer.chat_template"] = chat["template"]
+    template = go_template(chat.get("template", ""))
+    if "completion" in caps and ".Tools" in template:  # as Ollama: a template that renders tools
+        caps.append("tools")
     return {
         "modelfile": f"FROM {row['name']}\n",
         "parameters": "",
-        "template": go_template(chat.get("template", "")),
+        "template": template,
         "details": details(row),
         "model_info": model_info,
         "capabilities": caps,
