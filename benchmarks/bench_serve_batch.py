@@ -174,10 +174,11 @@ def summarise(results: dict, alone_texts: dict) -> dict:
             "load_avg_1m": [round(x["load_avg_1m"], 2) for x in results[name]],
         }
         for name in results
+        if results[name]
     }
 
-    def ratio(a, b, key):
-        return round(p50(a, key) / p50(b, key), 2)
+    def ratio(a, b, key):  # None where a case was not timed (--cases)
+        return round(p50(a, key) / p50(b, key), 2) if results.get(a) and results.get(b) else None
 
     summary["ratios"] = {
         "batched4_vs_alone_tokens_per_s": ratio("batched4", "alone", "aggregate_tokens_per_s"),
@@ -192,6 +193,9 @@ def summarise(results: dict, alone_texts: dict) -> dict:
             "single_decode_tokens_per_s": ratio("alone", "llama_alone", "decode_tokens_per_s_p50"),
             "single_ttft_p50": ratio("alone", "llama_alone", "ttft_p50_s"),
             "single_aggregate_tokens_per_s": ratio("alone", "llama_alone", "aggregate_tokens_per_s"),
+            # one client on --parallel 1 servers: taskrun's single-stream engine, llama-server's one slot
+            "single_p1_decode_tokens_per_s": ratio("alone_p1", "llama_alone_p1", "decode_tokens_per_s_p50"),
+            "single_p1_ttft_p50": ratio("alone_p1", "llama_alone_p1", "ttft_p50_s"),
             "batched4_aggregate_tokens_per_s": ratio("batched4", "llama_batched4", "aggregate_tokens_per_s"),
             "batched4_ttft_p50": ratio("batched4", "llama_batched4", "ttft_p50_s"),
             "llama_batched4_vs_llama_alone_tokens_per_s": ratio(
@@ -202,13 +206,14 @@ def summarise(results: dict, alone_texts: dict) -> dict:
         summary["llama_batched4_answers_equal_taskrun_alone"] = (
             f"{same}/{len(results['llama_batched4']) * len(PROMPTS)}"
         )
-        timings = [t for res in results["llama_alone"] for t in res["server_timings"] if t]
-        if timings:  # llama-server's own split of the lone request: prompt read vs decode
-            summary["llama_alone_server_timings_p50"] = {
-                k: round(statistics.median(t[k] for t in timings), 2)
-                for k in ("prompt_n", "prompt_ms", "prompt_per_second", "predicted_n", "predicted_per_second")
-                if all(k in t for t in timings)
-            }
+        for case in ("llama_alone", "llama_alone_p1"):
+            timings = [t for res in results.get(case, []) for t in res["server_timings"] if t]
+            if timings:  # llama-server's own split of the lone request: prompt read vs decode
+                summary[f"{case}_server_timings_p50"] = {
+                    k: round(statistics.median(t[k] for t in timings), 2)
+                    for k in ("prompt_n", "prompt_ms", "prompt_per_second", "predicted_n", "predicted_per_second")
+                    if all(k in t for t in timings)
+                }
     return summary
 
 
@@ -223,11 +228,17 @@ def main() -> None:
         help="a llama-server binary (built as benchmarks/llama_server.py says): also measure it, same requests",
     )
     ap.add_argument(
+        "--cases",
+        help="comma-separated cases to time (default: all): alone, batched4, serial4, alone_p1 and, with "
+        "--llama-server, llama_alone, llama_batched4, llama_alone_p1",
+    )
+    ap.add_argument(
         "--threads",
         type=int,
         help="threads for every server, one token and prompts alike (default: 2 with --llama-server, "
         "else taskrun picks the cores free at the time)",
     )
+    ap.add_argument("--out", help="file name under benchmarks/results/ (default: by whether llama-server ran)")
     args = ap.parse_args()
     threads = args.threads if args.threads is not None else (2 if args.llama_server else 0)
     folder = Path(tempfile.mkdtemp(prefix="bench-serve-batch-"))
@@ -237,34 +248,47 @@ def main() -> None:
     )
     batched, serial = Server(folder, toml, 4, threads), Server(folder, toml, 1, threads)
     ref = LlamaServer(args.llama_server, args.gguf, folder, 4, threads or 2) if args.llama_server else None
+    ref1 = LlamaServer(args.llama_server, args.gguf, folder, 1, threads or 2) if args.llama_server else None
     no_cache = {"cache_prompt": False}  # llama-server's prompt cache off, as taskrun's --prompt-cache off
-    results: dict[str, list] = {"alone": [], "batched4": [], "serial4": []}
+    results: dict[str, list] = {"alone": [], "batched4": [], "serial4": [], "alone_p1": []}
     alone_texts: dict[str, str] = {}
     try:
         batched.wait()
         serial.wait()
         for server in (batched, serial):  # load the model in each before anything is timed
             clients(server.url, PROMPTS[:1], 4)
-        if ref:
-            ref.wait()
-            clients(ref.url, PROMPTS[:1], 4, no_cache)
-            results.update(llama_alone=[], llama_batched4=[])
+        if ref and ref1:
+            for server in (ref, ref1):
+                server.wait()
+                clients(server.url, PROMPTS[:1], 4, no_cache)
+            results.update(llama_alone=[], llama_batched4=[], llama_alone_p1=[])
         for p in PROMPTS:  # the reference answers: each request alone, temperature 0
             alone_texts[p] = clients(batched.url, [p], args.tokens)["texts"][0]
         cases = {
             "alone": lambda: clients(batched.url, PROMPTS[:1], args.tokens),
             "batched4": lambda: clients(batched.url, PROMPTS, args.tokens),
             "serial4": lambda: clients(serial.url, PROMPTS, args.tokens),
+            "alone_p1": lambda: clients(serial.url, PROMPTS[:1], args.tokens),
         }
-        groups = [["alone"], ["batched4"], ["serial4"]]
-        if ref:
+        groups = [["alone"], ["batched4"], ["serial4"], ["alone_p1"]]
+        if ref and ref1:
             cases["llama_alone"] = lambda: clients(ref.url, PROMPTS[:1], args.tokens, no_cache)
             cases["llama_batched4"] = lambda: clients(ref.url, PROMPTS, args.tokens, no_cache)
-            groups = [["alone", "llama_alone"], ["batched4", "llama_batched4"], ["serial4"]]
+            cases["llama_alone_p1"] = lambda: clients(ref1.url, PROMPTS[:1], args.tokens, no_cache)
+            groups = [
+                ["alone", "llama_alone"],
+                ["batched4", "llama_batched4"],
+                ["serial4"],
+                ["alone_p1", "llama_alone_p1"],
+            ]
+        if args.cases:
+            wanted = set(args.cases.split(","))
+            groups = [g for g in ([n for n in group if n in wanted] for group in groups) if g]
         for r in range(args.rounds):
             # the order rotates so a noisy neighbour hits every case; each pair of contenders
             # runs back to back, taskrun first on even rounds and llama-server first on odd ones
-            for group in groups[r % 3 :] + groups[: r % 3]:
+            k = r % len(groups)
+            for group in groups[k:] + groups[:k]:
                 for name in group if r % 2 == 0 else group[::-1]:
                     res = cases[name]()
                     results[name].append(res)
@@ -277,8 +301,9 @@ def main() -> None:
     finally:
         batched.stop()
         serial.stop()
-        if ref:
-            ref.stop()
+        for server in (ref, ref1):
+            if server:
+                server.stop()
 
     import llama_cpp
 
@@ -294,16 +319,18 @@ def main() -> None:
         "machine": platform.machine(),
         "taskrun_kernels": kernels(llama_cpp.llama_print_system_info().decode("utf-8", "replace")),
         "llama_server": "not measured (no --llama-server given)",
+        "logs": str(folder),  # the servers' logs and run logs (prefill_s per job in runs-N.db)
     }
-    if ref:
+    if ref and ref1:
         summary["setup"]["llama_server"] = {
             "command": " ".join(ref.cmd),
+            "command_p1": " ".join(ref1.cmd),
             "version": ref.version(),
             "kernels": kernels(ref.system_info()),
             "system_info": ref.system_info(),
         }
     print(json.dumps(summary, indent=2))
-    name = "serve_batch_vs_llama_server.json" if ref else "serve_batch.json"
+    name = args.out or ("serve_batch_vs_llama_server.json" if ref else "serve_batch.json")
     out = ROOT / "benchmarks" / "results" / name
     out.write_text(json.dumps(summary, indent=2) + "\n")
 
