@@ -1,6 +1,7 @@
 """Continuous batching in `run serve`: 4 concurrent clients against 1, on a llama.cpp GGUF.
 
     python benchmarks/bench_serve_batch.py --gguf /tmp/qwen/1.5b.gguf [--rounds 2] [--tokens 64]
+        [--llama-server PATH] [--threads N] [--cases alone,llama_alone,...] [--out NAME.json]
 
 Two servers on the same GGUF, both with --prompt-cache off (each round resends the same prompts;
 a cached prompt would shorten the later rounds' TTFT): ``--parallel 4`` (batched, the default
@@ -12,10 +13,21 @@ streams a chat completion at temperature 0 (real `openai` package), distinct pro
 Reported per case: aggregate tokens/s (every client's completion tokens ÷ first send to last
 end) and the clients' TTFT p50 (send → first content chunk); and whether each batched answer
 equals the same request's answer alone (temperature 0). Targets (issue 32): 4 clients ≥ 1.5×
-one client's tok/s, TTFT p50 ≤ 2× a lone client's. llama-server is not measured here (no
-reference build in this run).
+one client's tok/s, TTFT p50 ≤ 2× a lone client's.
 
-Writes benchmarks/results/serve_batch.json.
+With ``--llama-server PATH`` (llama.cpp's own server, built from the llama.cpp llama-cpp-python
+vendors: benchmarks/llama_server.py has the commands), the same requests also go to a
+``llama-server --parallel 4`` and a ``--parallel 1`` on the same GGUF, each case of taskrun's and
+its llama-server twin back to back, taskrun first on even rounds and llama-server first on odd
+ones; the 1-client cases are the single-stream comparison (on ``--parallel 4`` servers, and on
+``--parallel 1`` ones: ``alone_p1``, taskrun's single-stream engine). Ratios taskrun ÷ llama-server:
+decode tok/s (a client's tokens after the first over their time), TTFT p50, aggregate tok/s at
+4 clients (issue 32: decode ≥ 1.0×, TTFT ≤ 1.0×, 4-client aggregate ≥ 1.0×). Both servers get
+the same threads (``--threads``, 2 by default then: taskrun's TASKRUN_DECODE_THREADS and
+TASKRUN_THREADS, llama-server's -t/-tb), and both kernel levels are written down.
+
+Writes benchmarks/results/serve_batch.json (serve_batch_vs_llama_server.json with
+--llama-server; --out names another).
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from __future__ import annotations
 import re
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -87,10 +88,23 @@ class LlamaServer:
         raise TimeoutError("llama-server did not start")
 
     def system_info(self) -> str:
-        """llama.cpp's system_info line from the server's log ("CPU : SSE3 = 1 | AVX2 = 1 | ...")."""
-        text = self.log_path.read_text(errors="replace")
-        m = re.search(r"system_info:[^\n]*", text)
-        return m.group(0) if m else ""
+        """llama.cpp's system info ("CPU : SSE3 = 1 | AVX2 = 1 | ..."): from the server's log where
+        it printed one (this version does not at its default verbosity), else from the build's
+        libllama beside the binary, asked in a process of its own (not this one's llama.cpp)."""
+        m = re.search(r"system_info:[^\n]*", self.log_path.read_text(errors="replace"))
+        if m:
+            return m.group(0)
+        lib = Path(self.cmd[0]).resolve().parent / "libllama.so"
+        code = (
+            "import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); "
+            "lib.llama_print_system_info.restype = ctypes.c_char_p; "
+            "print(lib.llama_print_system_info().decode())"
+        )
+        try:
+            p = subprocess.run([sys.executable, "-c", code, str(lib)], capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+        return p.stdout.strip()
 
     def version(self) -> str:
         try:
