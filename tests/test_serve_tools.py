@@ -20,6 +20,7 @@ from taskrun.tasks.wire import tools
 from taskrun.tasks.wire.errors import APIError
 from taskrun.tasks.wire.jobspec import Uploads
 from taskrun.tasks.wire.openai_api import job_from_openai
+from taskrun.tasks.wire.tool_stream import ToolStream
 
 pytest_plugins = ["tests.serve_helpers"]
 
@@ -136,7 +137,7 @@ def test_a_streamed_answer_has_the_text_and_calls_of_the_whole_one(text, paralle
     asked = tools.tool_request({"tools": TOOLS, "parallel_tool_calls": parallel})
     content, calls = asked.calls(answer(text))
     for step in (1, 2, 5, 11, len(text)):
-        stream = tools.ToolStream(asked)
+        stream = ToolStream(asked)
         parts = [p for i in range(0, len(text), step) for p in stream.feed(text[i : i + step])]
         parts += stream.close(answer(text))
         got_text = "".join(v for k, v in parts if k == "text")
@@ -150,17 +151,17 @@ def test_a_bare_json_call_is_a_call_and_other_text_is_not_held_for_it():
     asked = tools.tool_request({"tools": TOOLS})
     content, calls = asked.calls(answer('{"name": "weather", "arguments": {"city": "Paris", "days": 3}}'))
     assert content is None and json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris", "days": 3}
-    stream = tools.ToolStream(asked)
+    stream = ToolStream(asked)
     assert stream.feed('{"name": "wea') == [] and stream.feed('ther", "arguments": {') == []  # held
     # an unknown function, or text that starts otherwise, streams as soon as that is known
-    other = tools.ToolStream(asked)
+    other = ToolStream(asked)
     assert other.feed('{"name": "no') == [] and other.feed('pe"') == [("text", '{"name": "nope"')]
-    assert tools.ToolStream(asked).feed("Paris is") == [("text", "Paris is")]
+    assert ToolStream(asked).feed("Paris is") == [("text", "Paris is")]
 
 
 def test_text_is_passed_on_as_written_and_a_call_as_soon_as_it_closes():
     """Only what may be the start of <tool_call> is held back; a call is not held to the end."""
-    stream = tools.ToolStream(tools.tool_request({"tools": TOOLS}))
+    stream = ToolStream(tools.tool_request({"tools": TOOLS}))
     assert stream.feed("It is sunny") == [("text", "It is sunny")]
     assert stream.feed(" <tool") == []  # a tag may be starting
     assert stream.feed("s> are") == [("text", " <tools> are")]
@@ -168,7 +169,7 @@ def test_text_is_passed_on_as_written_and_a_call_as_soon_as_it_closes():
     ((kind, call),) = stream.feed("}</tool_call>")
     assert kind == "call" and call["function"] == {"name": "noop", "arguments": "{}"}
     # under a grammar (required, named) the whole answer is the call: nothing before its end
-    required = tools.ToolStream(tools.tool_request({"tools": TOOLS, "tool_choice": "required"}))
+    required = ToolStream(tools.tool_request({"tools": TOOLS, "tool_choice": "required"}))
     assert required.feed('{"name": "noop", ') == []
     done = required.close(answer("", json_value={"name": "noop", "arguments": {}}))
     assert [k for k, _ in done] == ["call"] and required.calls == 1

@@ -20,7 +20,7 @@ from taskrun.tasks import events as ev
 from taskrun.tasks.wire import ollama_api as ol
 from taskrun.tasks.wire.errors import APIError
 from taskrun.tasks.wire.jobspec import Uploads
-from taskrun.tasks.wire.tools import ToolStream
+from taskrun.tasks.wire.tool_stream import ToolStream
 
 
 def register(app: FastAPI, service) -> None:

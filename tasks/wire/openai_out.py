@@ -169,7 +169,7 @@ class CompletionChunks:
         return self._chunk([{"index": index, "delta": delta, "finish_reason": None, "logprobs": None}])
 
     def _stream(self, index: int):
-        from taskrun.tasks.wire.tools import ToolStream
+        from taskrun.tasks.wire.tool_stream import ToolStream
 
         if index not in self._streams:
             self._streams[index] = ToolStream(self.asked)
