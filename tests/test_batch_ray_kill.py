@@ -26,7 +26,7 @@ from tests.tiny.bert import build as build_bert
 
 psutil = pytest.importorskip("psutil")
 pytest.importorskip("ray.data")
-N = 200
+N = 600  # enough that the signal lands mid-run even when a loaded machine makes the watcher slow
 
 
 def _dead_pid() -> int:
