@@ -10,8 +10,7 @@ still decoded by the one shared loop (pipelines/llm/decode.py) on its job's own 
 :class:`Sequence`, a per-job view of the engine: its sampling settings, seed, stop strings,
 max_tokens, grammar, streaming, metrics and cancellation are the single-stream path's.
 ``Sequence.decode_step`` hands its token to the batch and waits: the first thread to find every
-running sequence's token in (or ``window()`` gone since the first one came: 3 ms, or a quarter
-of a step where steps are longer) runs the step for all
+running sequence's token in (or ``WINDOW_S`` gone since the first one came) runs the step for all
 of them, one ``llama_batch`` with one ``seq_id`` per sequence, and hands each its logits. A
 sequence joins with its prefill (between two steps) and leaves with ``free``
 (``llama_memory_seq_rm`` of nothing: its KV stays for the next job's shared prefix), so a client
@@ -46,10 +45,7 @@ from taskrun.tasks import cache_scope
 from taskrun.tasks.base import TaskError
 from taskrun.tasks.seq_batch import Join
 
-WINDOW_S = 0.003  # how long a step waits for a running sequence's token (its thread is sampling), at least
-# or this share of a step's time: a sequence still sampling (under the GIL) when a 3 ms window closed fell
-# into a step of its own, a whole pass over the weights (4 clients on the 1.5B: 1.9-3.1 sequences a step)
-STRAGGLER_SHARE = 0.25
+WINDOW_S = 0.003  # how long a step waits for a running sequence's token (its thread is sampling)
 SEQ_CTX = 4096  # tokens per sequence (prompt + answer), at most the model's window
 AUTO_MAX = 4  # slots when --parallel is not given: at most this many, fewer if memory is short
 KV_SHARE = 0.25  # the share of available memory the KV cache of the auto slots may take
@@ -118,7 +114,6 @@ class BatchEngine:
         self.first_at = 0.0
         self.stepping = False
         self.steps = 0
-        self.step_s = 0.0  # a decode step's time, smoothed (the window a step waits scales with it)
         self.decoding = 0  # slots past their prefill, not yet freed
         with join.lock:
             join.slots = n
@@ -240,18 +235,14 @@ class BatchEngine:
             self.pending.append(slot)
             self.cond.notify_all()
             while slot.logits is None and slot.error is None:
-                late, window = time.monotonic() - self.first_at, self.window()
-                if not self.stepping and self.pending and (len(self.pending) >= self.decoding or late >= window):
+                late = time.monotonic() - self.first_at
+                if not self.stepping and self.pending and (len(self.pending) >= self.decoding or late >= WINDOW_S):
                     self._lead()
                 else:
-                    self.cond.wait(timeout=max(0.0005, window - late) if self.pending else None)
+                    self.cond.wait(timeout=max(0.0005, WINDOW_S - late) if self.pending else None)
             if slot.error is not None:
                 raise slot.error
             return slot.logits
-
-    def window(self) -> float:
-        """How long a step waits, from its first token, for the other running sequences' tokens."""
-        return max(WINDOW_S, STRAGGLER_SHARE * self.step_s)
 
     def _lead(self) -> None:
         """Run the pending step for every sequence in it (called, and returning, with ``cond`` held)."""
@@ -264,10 +255,7 @@ class BatchEngine:
                     if self.steps % RECHECK == 0:  # a neighbour may have started (or stopped)
                         self._threads(decode_threads())
                     self._fill([(s.seq, s.token, len(s.tokens), True) for s in group])
-                    t0 = time.perf_counter()
                     self._decode(len(group))
-                    took = time.perf_counter() - t0
-                    self.step_s = took if not self.step_s else 0.8 * self.step_s + 0.2 * took
                     for i, s in enumerate(group):
                         s.tokens.append(s.token)
                         s.logits = self.base._logits(self.lib.llama_get_logits_ith(self.ctx, i))
