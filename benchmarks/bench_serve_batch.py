@@ -46,7 +46,7 @@ import threading
 import time
 from pathlib import Path
 
-from llama_server import LlamaServer
+from llama_server import LlamaServer, wait_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = str(Path(sys.executable).parent / "run")
@@ -81,19 +81,7 @@ class Server:
         )
 
     def wait(self, timeout: float = 120) -> None:
-        import httpx
-
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"run serve exited {self.proc.returncode}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.3)
-        raise TimeoutError("run serve did not start")
+        wait_healthy(self.url, self.proc, "run serve", timeout)
 
     def stop(self) -> None:
         self.proc.terminate()

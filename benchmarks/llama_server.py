@@ -38,6 +38,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_healthy(url: str, proc, name: str, timeout: float, log=lambda: "") -> None:
+    """Until ``url``/health answers 200; an error (with the end of ``log()``) if ``proc`` exits first."""
+    import httpx
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited {proc.returncode}:\n{log()[-2000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.3)
+    raise TimeoutError(f"{name} did not start")
+
+
 class LlamaServer:
     """One llama-server process on 127.0.0.1 serving ``gguf`` with ``parallel`` slots."""
 
@@ -72,20 +89,7 @@ class LlamaServer:
         self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT)
 
     def wait(self, timeout: float = 180) -> None:
-        import httpx
-
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                tail = self.log_path.read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"llama-server exited {self.proc.returncode}:\n{tail}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.3)
-        raise TimeoutError("llama-server did not start")
+        wait_healthy(self.url, self.proc, "llama-server", timeout, lambda: self.log_path.read_text(errors="replace"))
 
     def system_info(self) -> str:
         """llama.cpp's system info ("CPU : SSE3 = 1 | AVX2 = 1 | ..."): from the server's log where

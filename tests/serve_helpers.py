@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -183,6 +184,27 @@ def server_env(folder: Path, cache: Path, toml: Path) -> dict[str, str]:
     env.pop("TASKRUN_API_KEY", None)
     env.pop("TASKRUN_DEBUG", None)
     return env
+
+
+@contextmanager
+def shipped_server(folder: Path, cache: Path, *args: str, timeout: float = 300.0):
+    """A `run serve` on the shipped models.toml (the real packaged weights: for tests marked
+    real), with its own run log in ``folder``, the session's cache, and no key; stopped after."""
+    env = dict(
+        os.environ,
+        TASKRUN_LOG_DB=str(folder / "runs.db"),
+        TASKRUN_CACHE_DIR=str(cache),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+    )
+    for key in ("TASKRUN_MODELS_TOML", "TASKRUN_API_KEY", "TASKRUN_DEBUG"):
+        env.pop(key, None)
+    server = Server(folder, env, *args)
+    try:
+        server.wait_healthy(timeout=timeout)
+        yield server
+    finally:
+        server.stop()
 
 
 def run_log_row(server: Server, run_id: str, timeout: float = 10.0) -> dict:

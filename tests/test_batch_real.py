@@ -17,7 +17,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.serve_helpers import Server
+from tests.serve_helpers import shipped_server
 
 pytestmark = pytest.mark.real
 
@@ -27,22 +27,10 @@ CASES = Path(__file__).resolve().parent.parent / "samples" / "eval" / "cases.jso
 
 @pytest.fixture(scope="module")
 def url(tmp_path_factory, session_cache):
-    folder = tmp_path_factory.mktemp("serve-batch-real")
-    env = dict(
-        os.environ,
-        TASKRUN_LOG_DB=str(folder / "runs.db"),
-        TASKRUN_CACHE_DIR=str(session_cache),
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-    )
-    for key in ("TASKRUN_MODELS_TOML", "TASKRUN_API_KEY", "TASKRUN_DEBUG"):
-        env.pop(key, None)
-    server = Server(folder, env, "--preload", MODEL)
-    try:
-        server.wait_healthy(timeout=300)
+    with shipped_server(
+        tmp_path_factory.mktemp("serve-batch-real"), session_cache, "--preload", MODEL, timeout=300
+    ) as server:
         yield server.url
-    finally:
-        server.stop()
 
 
 def test_served_answers_are_the_clis_at_temperature_0(url):

@@ -8,31 +8,17 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.serve_helpers import Server
+from tests.serve_helpers import shipped_server
 
 pytestmark = pytest.mark.real
 
 
 @pytest.fixture(scope="module")
 def real_server(tmp_path_factory, session_cache):
-    import os
-
-    folder = tmp_path_factory.mktemp("serve-real")
-    env = dict(
-        os.environ,
-        TASKRUN_LOG_DB=str(folder / "runs.db"),
-        TASKRUN_CACHE_DIR=str(session_cache),
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-    )
-    for key in ("TASKRUN_MODELS_TOML", "TASKRUN_API_KEY", "TASKRUN_DEBUG"):
-        env.pop(key, None)
-    server = Server(folder, env, "--preload", "whisper-tiny.en")
-    try:
-        server.wait_healthy(timeout=180)
+    with shipped_server(
+        tmp_path_factory.mktemp("serve-real"), session_cache, "--preload", "whisper-tiny.en", timeout=180
+    ) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def test_real_speech_through_the_openai_client(real_server, tiny_dir):

@@ -9,13 +9,12 @@ text of the same answer unstreamed, and its text is not held back to the end.
 from __future__ import annotations
 
 import json
-import os
 
 import ollama
 import openai
 import pytest
 
-from tests.serve_helpers import Server
+from tests.serve_helpers import shipped_server
 
 pytestmark = pytest.mark.real
 
@@ -33,22 +32,10 @@ ASK = [{"role": "user", "content": "What is the weather in Paris right now?"}]
 
 @pytest.fixture(scope="module")
 def url(tmp_path_factory, session_cache):
-    folder = tmp_path_factory.mktemp("serve-tools-real")
-    env = dict(
-        os.environ,
-        TASKRUN_LOG_DB=str(folder / "runs.db"),
-        TASKRUN_CACHE_DIR=str(session_cache),
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-    )
-    for key in ("TASKRUN_MODELS_TOML", "TASKRUN_API_KEY", "TASKRUN_DEBUG"):
-        env.pop(key, None)
-    server = Server(folder, env, "--preload", MODEL)
-    try:
-        server.wait_healthy(timeout=300)
+    with shipped_server(
+        tmp_path_factory.mktemp("serve-tools-real"), session_cache, "--preload", MODEL, timeout=300
+    ) as server:
         yield server.url
-    finally:
-        server.stop()
 
 
 def test_openai_a_real_call_streamed_and_not(url):
