@@ -2,7 +2,7 @@
 BatchedInferencePipeline) and the transformers ASR pipeline called directly, on the same audio and
 weights in the same process, runs interleaved (runner/bench/core.py, as `run bench`).
 
-    python benchmarks/bench_transcribe.py [--quick] [--long N [--transformers]] [--memory] [--wer-set]
+    python benchmarks/bench_transcribe.py [--quick] [--ct2-only] [--long N [--transformers]] [--memory] [--wer-set]
 
 Speed: whisper-tiny.en on samples/meeting.wav (61 s, real speech with pauses), or --long N
 copies of it in one file (long audio, where taskrun decodes windows as a batch). Each runtime
@@ -39,13 +39,13 @@ REFERENCE = (ROOT / "samples" / "meeting.txt").read_text()
 # --------------------------------------------------------------------------- the four paths
 
 
-def taskrun_path(runtime: str | None, audio: Path, beam: int | None = None, batch: int = 1):
+def taskrun_path(runtime: str | None, audio: Path, beam: int | None = None, batch: int = 1, language=None):
     def load():
         from taskrun.runner.jobs import run_job
         from taskrun.tasks.inputs import file_input
         from taskrun.tasks.transcribe import TASK, Options
 
-        opts = Options(beam_size=beam, batch_size=batch)
+        opts = Options(beam_size=beam, batch_size=batch, language=language)
         return lambda: (
             run_job(TASK, lambda: [file_input(audio)], opts, model="whisper-tiny.en", runtime=runtime, log=None)
             .results[0]
@@ -270,6 +270,12 @@ def speed(audio: Path, copies: int, rounds: int, transformers: bool = True) -> d
             "default: greedy, VAD, the speech in one stretch",
         ),
         Contender(
+            "taskrun (ctranslate2), --language en",
+            taskrun_path(None, audio, language="en"),
+            "taskrun",
+            "greedy, VAD, English declared as faster-whisper is told: no language check",
+        ),
+        Contender(
             "taskrun (ctranslate2), batched", taskrun_path(None, audio, None, 8), "taskrun", "greedy, --batch-size 8"
         ),
         Contender("taskrun (ctranslate2), beam 5", taskrun_path(None, audio, 5), "taskrun", "beam 5"),
@@ -315,6 +321,9 @@ def speed(audio: Path, copies: int, rounds: int, transformers: bool = True) -> d
     ratios = {
         "taskrun_ct2_speed_vs_faster_whisper_greedy": round(
             s["faster-whisper direct, greedy"] / s["taskrun (ctranslate2)"], 3
+        ),
+        "taskrun_ct2_language_en_speed_vs_faster_whisper_greedy": round(
+            s["faster-whisper direct, greedy"] / s["taskrun (ctranslate2), --language en"], 3
         ),
         "taskrun_ct2_speed_vs_faster_whisper_beam5": round(s["faster-whisper direct"] / s["taskrun (ctranslate2)"], 3),
         "taskrun_ct2_beam5_speed_vs_faster_whisper_beam5": round(
@@ -371,6 +380,7 @@ def main() -> None:
     ap.add_argument(
         "--transformers", action="store_true", help="with --long: also the transformers runtime, sequential and batched"
     )
+    ap.add_argument("--ct2-only", action="store_true", help="only the CTranslate2 rows (taskrun and faster-whisper)")
     ap.add_argument("--memory", action="store_true", help="also peak RSS for a 1-minute and a 1-hour file")
     ap.add_argument("--memory-only", action="store_true", help="only the memory measurement")
     ap.add_argument(
@@ -404,7 +414,7 @@ def main() -> None:
             audio,
             max(1, args.long),
             args.rounds or (1 if args.quick else 3),
-            transformers=not args.long or args.transformers,
+            transformers=not args.ct2_only and (not args.long or args.transformers),
         )
     result["command"] = "python " + " ".join(sys.argv)
     result["host"] = facts

@@ -1,0 +1,101 @@
+"""How the server's batch (pipelines/llm/llamacpp_batch.py) groups sequences into decode steps.
+
+Two faults measured on the 1.5B default (issue 32, 4 clients against `llama-server --parallel 4`):
+- a sequence that handed its token in while a step ran led the next step alone, and the rest
+  then stepped without it: two cohorts alternating for the rest of the answers (1.9 rows per
+  step instead of 4, `rows_per_step` in benchmarks/results/serve_batch_vs_llama_server.json);
+- the rows went in the order the tokens came, so llama.cpp rebuilt its graph every step (it
+  reuses one only for the same sequences in the same order): a 4-row step took 150-170 ms, 115-128
+  ms in order, as llama-server's.
+
+In-process, on the tiny GGUF (tests/tiny/gguf_llama.py), greedy, four threads.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+
+import pytest
+
+from tests.tiny.gguf_llama import build as build_gguf
+
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (`make install` builds it)")
+
+STEPS = 24
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_dir):
+    from taskrun.models.resolve import resolve
+    from taskrun.pipelines.llm.llamacpp import LlamaCppEngine
+
+    return copy.copy(LlamaCppEngine.load(resolve(str(build_gguf(tiny_dir))), "cpu", "auto"))
+
+
+def _run(llm, late_at: int | None):
+    """Four sequences decode STEPS tokens each, all prefilled first, each step made 20 ms longer;
+    the one on slot 0 is ``late_at`` that step by 30 ms once (a client's thread held up). → the
+    decode steps' rows, as (seq ids) per step."""
+    from taskrun.pipelines.llm.llamacpp_batch import BatchEngine
+    from taskrun.tasks.seq_batch import Join
+
+    batch = BatchEngine(llm, Join(4))
+    steps: list[list[int]] = []
+    fill = batch._fill
+
+    def record(rows):
+        if all(r[3] for r in rows) and len(rows) <= 4:  # a decode step: one row per sequence, each wants logits
+            steps.append([r[0] for r in rows])
+        fill(rows)
+
+    batch._fill = record
+    decode = batch._decode
+
+    def slow(n):  # a step as long against sampling as a real model's (1.5B: 115-170 ms to ~1 ms)
+        decode(n)
+        time.sleep(0.02)
+
+    batch._decode = slow
+    prompts = [llm.prompt_ids(f"Story number {i}: once upon a time") for i in range(4)]
+    seqs = [batch.sequence() for _ in prompts]
+    ready = threading.Barrier(4)
+    errors: list[BaseException] = []
+
+    def one(k: int) -> None:
+        try:
+            seq = seqs[k]
+            logits = seq.prefill(prompts[k])
+            ready.wait(timeout=30)
+            for i in range(STEPS):
+                if late_at == i and seq.slot.seq == 0:
+                    time.sleep(0.03)
+                logits = seq.decode_step(int(logits.argmax()))
+            seq.free()
+        except BaseException as exc:  # reported below, in the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    return steps
+
+
+def test_each_step_lists_its_sequences_in_one_order(llm):
+    steps = _run(llm, None)
+    assert sum(len(s) for s in steps) == 4 * STEPS
+    assert all(s == sorted(s) for s in steps), steps
+
+
+def test_a_late_sequence_rejoins_the_others_at_the_next_step(llm):
+    """Slot 0's thread is held up 30 ms once. It misses one step and then steps alone once; the
+    next step has all four again. Before, it and the rest alternated to the end: nearly 2 x STEPS
+    steps. Slack for a loaded machine, where a thread may miss the 3 ms window now and then."""
+    steps = _run(llm, 3)
+    assert sum(len(s) for s in steps) == 4 * STEPS
+    assert len(steps) <= STEPS + 6, f"{len(steps)} steps for {STEPS} tokens: the late sequence did not rejoin"
+    assert sum(len(s) == 4 for s in steps) >= STEPS - 6
