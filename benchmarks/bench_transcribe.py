@@ -39,8 +39,12 @@ REFERENCE = (ROOT / "samples" / "meeting.txt").read_text()
 # --------------------------------------------------------------------------- the four paths
 
 
-def taskrun_path(runtime: str | None, audio: Path, beam: int | None = None, batch: int = 1, language=None):
+def taskrun_path(
+    runtime: str | None, audio: Path, beam: int | None = None, batch: int = 1, language=None, spin: str | None = None
+):
     def load():
+        if spin is not None:  # before ctranslate2 loads in this contender's process (pipelines/device.py)
+            os.environ["TASKRUN_CT2_SPINCOUNT"] = spin
         from taskrun.runner.jobs import run_job
         from taskrun.tasks.inputs import file_input
         from taskrun.tasks.transcribe import TASK, Options
@@ -276,6 +280,13 @@ def speed(audio: Path, copies: int, rounds: int, transformers: bool = True) -> d
             "greedy, VAD, English declared as faster-whisper is told: no language check",
         ),
         Contender(
+            "taskrun (ctranslate2), --language en, spin 300000",
+            taskrun_path(None, audio, language="en", spin="300000"),
+            "taskrun",
+            "as above, CTranslate2's threads spinning as long as faster-whisper's do (libgomp's default; "
+            "taskrun's own is 1,000: quiet 8-10 % slower, beside a busy process it does not collapse)",
+        ),
+        Contender(
             "taskrun (ctranslate2), batched", taskrun_path(None, audio, None, 8), "taskrun", "greedy, --batch-size 8"
         ),
         Contender("taskrun (ctranslate2), beam 5", taskrun_path(None, audio, 5), "taskrun", "beam 5"),
@@ -324,6 +335,9 @@ def speed(audio: Path, copies: int, rounds: int, transformers: bool = True) -> d
         ),
         "taskrun_ct2_language_en_speed_vs_faster_whisper_greedy": round(
             s["faster-whisper direct, greedy"] / s["taskrun (ctranslate2), --language en"], 3
+        ),
+        "taskrun_ct2_language_en_same_spin_speed_vs_faster_whisper_greedy": round(
+            s["faster-whisper direct, greedy"] / s["taskrun (ctranslate2), --language en, spin 300000"], 3
         ),
         "taskrun_ct2_speed_vs_faster_whisper_beam5": round(s["faster-whisper direct"] / s["taskrun (ctranslate2)"], 3),
         "taskrun_ct2_beam5_speed_vs_faster_whisper_beam5": round(

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -74,15 +75,29 @@ NAMES = {
 
 
 def english_only(card: ModelCard) -> bool:
-    """Whether a Whisper model knows English only, read from its vocabulary size (no weights)."""
+    """Whether a Whisper model knows English only, read from its vocabulary size (no weights);
+    remembered per folder and file time (counting tiny.en's 51,864 lines took 14 ms a job)."""
     folder = Path(card.path)
     try:
-        if card.architecture == "WhisperCT2":
+        stamp = max((folder / n).stat().st_mtime_ns for n in VOCAB_FILES if (folder / n).exists())
+    except (OSError, ValueError):  # no vocabulary file: max() of nothing
+        stamp = 0
+    return _english_only(card.architecture, str(folder), stamp)
+
+
+VOCAB_FILES = ("vocabulary.txt", "vocabulary.json", "config.json")
+
+
+@lru_cache(maxsize=32)
+def _english_only(architecture: str, path: str, stamp: int) -> bool:
+    folder = Path(path)
+    try:
+        if architecture == "WhisperCT2":
             if (folder / "vocabulary.txt").exists():
                 with open(folder / "vocabulary.txt", encoding="utf-8") as f:
                     return sum(1 for _ in f) == ENGLISH_ONLY_VOCAB
             return len(json.loads((folder / "vocabulary.json").read_text())) == ENGLISH_ONLY_VOCAB
-        if card.architecture == "WhisperForConditionalGeneration":
+        if architecture == "WhisperForConditionalGeneration":
             return json.loads((folder / "config.json").read_text()).get("vocab_size") == ENGLISH_ONLY_VOCAB
     except (OSError, ValueError):
         pass
