@@ -99,3 +99,64 @@ def test_a_late_sequence_rejoins_the_others_at_the_next_step(llm):
     assert sum(len(s) for s in steps) == 4 * STEPS
     assert len(steps) <= STEPS + 6, f"{len(steps)} steps for {STEPS} tokens: the late sequence did not rejoin"
     assert sum(len(s) == 4 for s in steps) >= STEPS - 6
+
+
+def test_a_prompt_that_comes_mid_answer_is_read_in_the_others_steps(llm):
+    """Three sequences decode; a fourth job's prompt comes after their fifth step. It is read in
+    a step with their tokens (one llama_decode: their rows and its prompt's), as llama-server
+    does, instead of alone while they wait; its answer then decodes in the same steps."""
+    import numpy as np
+
+    from taskrun.pipelines.llm.llamacpp_batch import BatchEngine
+    from taskrun.tasks.seq_batch import Join
+
+    batch = BatchEngine(llm, Join(4))
+    calls: list[list[tuple]] = []
+    fill = batch._fill
+
+    def record(rows):
+        calls.append(list(rows))
+        fill(rows)
+
+    batch._fill = record
+    prompts = [llm.prompt_ids(f"Story number {i}: once upon a time there was") for i in range(4)]
+    started = threading.Event()
+    answers: dict[int, list[int]] = {}
+    errors: list[BaseException] = []
+
+    def one(k: int) -> None:
+        try:
+            if k == 3:
+                started.wait(timeout=30)
+            seq = batch.sequence()
+            logits, out = seq.prefill(prompts[k]), []
+            for i in range(STEPS):
+                out.append(int(np.argmax(logits)))
+                if k == 0 and i == 5:
+                    started.set()
+                logits = seq.decode_step(out[-1])
+                time.sleep(0.002)  # a real model's step gives the late prompt time to come
+            answers[k] = out
+            seq.free()
+        except BaseException as exc:  # reported below, in the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    late = next(s.seq for s in batch.slots if s.tokens[: len(prompts[3])] == prompts[3])  # the 4th job's slot
+    mixed = [c for c in calls if any(r[0] == late and not r[3] for r in c) and any(r[0] != late for r in c)]
+    assert mixed, "the late prompt was read alone"
+    assert sorted(answers) == [0, 1, 2, 3] and all(len(a) == STEPS for a in answers.values())
+    # its answer is the one the prompt gives read alone (the tiny model in float32: no near ties)
+    lone = BatchEngine(llm, Join(1))
+    seq = lone.sequence()
+    logits, out = seq.prefill(prompts[3]), []
+    for _ in range(8):
+        out.append(int(np.argmax(logits)))
+        logits = seq.decode_step(out[-1])
+    seq.free()
+    assert answers[3][:8] == out
