@@ -57,7 +57,7 @@ def cold(model: str, env: dict) -> dict:
 
 def warm(model: str, env: dict, runs: int, log_dir: Path) -> list[float]:
     """load_s of ``runs`` jobs on a `run serve` that preloaded ``model`` (after one unmeasured job)."""
-    import httpx
+    from llama_server import wait_healthy  # this folder: benchmarks/llama_server.py
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -67,16 +67,7 @@ def warm(model: str, env: dict, runs: int, log_dir: Path) -> list[float]:
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 300
-        while True:
-            if proc.poll() is not None or time.time() > deadline:
-                raise SystemExit(f"`{' '.join(cmd)}` did not get ready:\n{(log_dir / 'serve.log').read_text()[-2000:]}")
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+        wait_healthy(url, proc, f"`{' '.join(cmd)}`", 300, lambda: (log_dir / "serve.log").read_text())
         out = []
         for i in range(runs + 1):
             p = subprocess.run([RUN, *JOB, "--model", model, "--server", url], capture_output=True, text=True, env=env)

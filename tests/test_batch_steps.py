@@ -34,6 +34,25 @@ def llm(tiny_dir):
     return copy.copy(LlamaCppEngine.load(resolve(str(build_gguf(tiny_dir))), "cpu", "auto"))
 
 
+def _in_threads(one, n: int = 4) -> None:
+    """``one(k)`` for k in 0..n-1, each on a thread of its own; the first error any raised is
+    raised here, in the test's thread."""
+    errors: list[BaseException] = []
+
+    def run(k: int) -> None:
+        try:
+            one(k)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+
+
 def _run(llm, late_at: int | None):
     """Four sequences decode STEPS tokens each, all prefilled first, each step made 20 ms longer;
     the one on slot 0 is ``late_at`` that step by 30 ms once (a client's thread held up). → the
@@ -61,27 +80,18 @@ def _run(llm, late_at: int | None):
     prompts = [llm.prompt_ids(f"Story number {i}: once upon a time") for i in range(4)]
     seqs = [batch.sequence() for _ in prompts]
     ready = threading.Barrier(4)
-    errors: list[BaseException] = []
 
     def one(k: int) -> None:
-        try:
-            seq = seqs[k]
-            logits = seq.prefill(prompts[k])
-            ready.wait(timeout=30)
-            for i in range(STEPS):
-                if late_at == i and seq.slot.seq == 0:
-                    time.sleep(0.03)
-                logits = seq.decode_step(int(logits.argmax()))
-            seq.free()
-        except BaseException as exc:  # reported below, in the test's thread
-            errors.append(exc)
+        seq = seqs[k]
+        logits = seq.prefill(prompts[k])
+        ready.wait(timeout=30)
+        for i in range(STEPS):
+            if late_at == i and seq.slot.seq == 0:
+                time.sleep(0.03)
+            logits = seq.decode_step(int(logits.argmax()))
+        seq.free()
 
-    threads = [threading.Thread(target=one, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not errors, errors
+    _in_threads(one)
     return steps
 
 
@@ -122,31 +132,22 @@ def test_a_prompt_that_comes_mid_answer_is_read_in_the_others_steps(llm):
     prompts = [llm.prompt_ids(f"Story number {i}: once upon a time there was") for i in range(4)]
     started = threading.Event()
     answers: dict[int, list[int]] = {}
-    errors: list[BaseException] = []
 
     def one(k: int) -> None:
-        try:
-            if k == 3:
-                started.wait(timeout=30)
-            seq = batch.sequence()
-            logits, out = seq.prefill(prompts[k]), []
-            for i in range(STEPS):
-                out.append(int(np.argmax(logits)))
-                if k == 0 and i == 5:
-                    started.set()
-                logits = seq.decode_step(out[-1])
-                time.sleep(0.002)  # a real model's step gives the late prompt time to come
-            answers[k] = out
-            seq.free()
-        except BaseException as exc:  # reported below, in the test's thread
-            errors.append(exc)
+        if k == 3:
+            started.wait(timeout=30)
+        seq = batch.sequence()
+        logits, out = seq.prefill(prompts[k]), []
+        for i in range(STEPS):
+            out.append(int(np.argmax(logits)))
+            if k == 0 and i == 5:
+                started.set()
+            logits = seq.decode_step(out[-1])
+            time.sleep(0.002)  # a real model's step gives the late prompt time to come
+        answers[k] = out
+        seq.free()
 
-    threads = [threading.Thread(target=one, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not errors, errors
+    _in_threads(one)
     late = next(s.seq for s in batch.slots if s.tokens[: len(prompts[3])] == prompts[3])  # the 4th job's slot
     mixed = [c for c in calls if any(r[0] == late and not r[3] for r in c) and any(r[0] != late for r in c)]
     assert mixed, "the late prompt was read alone"
