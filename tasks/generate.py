@@ -215,6 +215,9 @@ class Metrics:
     draft_tokens: int = metric("tokens a draft model proposed (--draft, speculative decoding)", 0)
     accepted_draft_tokens: int = metric("of draft_tokens, those the model accepted", 0)
     draft_acceptance: float = metric("accepted_draft_tokens ÷ draft_tokens (0 without a draft)", 0.0)
+    draft_stopped: int = metric(
+        "answers whose adaptive draft stopped because speculation was slower than the model alone here", 0
+    )
     finish_reason: str = metric("why generation ended: stop, length or stop_sequence (per prompt, joined)", "")
     cost: float | None = metric("estimated cost from --price-in/--price-out per million tokens", None)
 

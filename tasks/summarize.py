@@ -101,11 +101,14 @@ class Metrics:
     draft_tokens: int = metric("tokens a draft model proposed, all stages (--draft, speculative decoding)", 0)
     accepted_draft_tokens: int = metric("of draft_tokens, those the model accepted", 0)
     draft_acceptance: float = metric("accepted_draft_tokens ÷ draft_tokens (0 without a draft)", 0.0)
+    draft_stopped: int = metric(
+        "stages whose adaptive draft stopped because speculation was slower than the model alone here", 0
+    )
     finish_reason: str = metric("why the final summary ended: stop, length or stop_sequence", "")
     chunks: int = metric("chunks the input was split into (1: it fitted)", 0)
     stages: list = metric(
         "per stage: kind (map1, map2, final), chunk, input/output tokens, "
-        "cached_prompt_tokens, prefill_s, decode_s, decode_steps, draft_tokens, accepted_draft_tokens, finish_reason",
+        "cached_prompt_tokens, prefill_s, decode_s, decode_steps, draft_tokens, accepted_draft_tokens, draft_stopped_at, finish_reason",
         None,
     )
 

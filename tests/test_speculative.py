@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 
 import numpy as np
 import pytest
@@ -71,6 +72,48 @@ def test_max_tokens_is_kept_exactly(pair):
     for n in (1, 2, 5, 13):
         out = _run(target, ids, max_tokens=n, draft=draft, draft_tokens=6)
         assert len(out.token_ids) == n or out.finish_reason == "stop"
+
+
+def _slowed(monkeypatch, engine, seconds: float) -> None:
+    """``engine``'s single steps take ``seconds`` longer: a slow draft, or a model whose own steps
+    are the slow path (where speculation pays)."""
+    step = engine.decode_step
+
+    def slow(token):
+        time.sleep(seconds)
+        return step(token)
+
+    monkeypatch.setattr(engine, "decode_step", slow)
+
+
+def test_the_adaptive_draft_stops_where_it_is_slower(pair, monkeypatch):
+    """A draft whose steps cost more than the model's: after PACE_ROUNDS rounds the answer goes on
+    without it (draft_stopped_at), still the model's own text; a fixed --draft-tokens drafts on."""
+    from taskrun.pipelines.llm.speculative import MAX_K, PACE_PROBE, PACE_ROUNDS
+
+    target, draft = pair
+    ids = target.prompt_ids(PROMPTS[1], raw=True)
+    alone = _run(target, ids, max_tokens=40)
+    _slowed(monkeypatch, draft, 0.05)  # a round of 4 proposals: 150 ms, against ~1 ms for a step alone
+    out = _run(target, ids, max_tokens=40, draft=draft)
+    assert out.token_ids == alone.token_ids
+    assert 1 + PACE_PROBE < out.draft_stopped_at < 40, out.draft_stopped_at
+    assert 0 < out.draft_tokens <= PACE_ROUNDS * MAX_K
+    fixed = _run(target, ids, max_tokens=40, draft=draft, draft_tokens=3)
+    assert fixed.token_ids == alone.token_ids and fixed.draft_stopped_at == 0
+    assert fixed.draft_tokens > 20  # every round drafted
+
+
+def test_the_adaptive_draft_goes_on_where_it_pays(pair, monkeypatch):
+    """The model's own steps slow (a bandwidth-bound model, whose batched pass costs about one
+    step): speculation is the faster path and drafts to the end of the answer."""
+    target, draft = pair
+    ids = target.prompt_ids(PROMPTS[1], raw=True)
+    alone = _run(target, ids, max_tokens=40)
+    _slowed(monkeypatch, target, 0.08)  # well above a round's cost on the tiny pair (0.4-26 ms, the first the most)
+    out = _run(target, ids, max_tokens=40, draft=draft)
+    assert out.token_ids == alone.token_ids
+    assert out.draft_stopped_at == 0 and out.draft_tokens > 20, out
 
 
 def _target_marginals(target, ids, s: Sampling, depth: int):
@@ -211,9 +254,10 @@ def test_real_qwen_draft():
     model = "qwen2.5-coder-1.5b" if "qwen2.5-coder-1.5b" in names else "qwen2.5-coder-0.5b"
     args = ["generate", "Write a Python function is_prime(n).", "-m", model, "--max-tokens", "24", "--json"]
     alone = CliRunner().invoke(main, [*args, "--draft", "none"])
-    spec = CliRunner().invoke(main, [*args, "--draft", "qwen2.5-coder-0.5b"])
+    # a fixed length drafts the whole answer (the adaptive one stops on a CPU where it is slower)
+    spec = CliRunner().invoke(main, [*args, "--draft", "qwen2.5-coder-0.5b", "--draft-tokens", "3"])
     assert alone.exit_code == 0 and spec.exit_code == 0, spec.output
     a, b = (json.loads(r.stdout)["items"][0]["result"]["text"] for r in (alone, spec))
     m = json.loads(spec.stdout)["metrics"]
-    assert m["draft_tokens"] > 0 and m["draft_acceptance"] > 0.5, m
+    assert m["draft_tokens"] > 0 and m["draft_acceptance"] > 0.5 and m["draft_stopped"] == 0, m
     assert a[:40] == b[:40], (a, b)

@@ -38,6 +38,7 @@ class Decoded:
     cached_prompt_tokens: int = 0  # prompt tokens kept from the engine's KV cache, not read again
     draft_tokens: int = 0  # tokens a draft model proposed (speculative decoding)
     accepted_draft_tokens: int = 0  # of them, those the model kept
+    draft_stopped_at: int = 0  # output token where the adaptive draft stopped, slower than the model alone (0: never)
 
     @property
     def decode_tokens_per_s(self) -> float:

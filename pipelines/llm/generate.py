@@ -126,6 +126,7 @@ class _Totals:
     decode_s: float = 0.0
     draft_tokens: int = 0
     accepted_draft_tokens: int = 0
+    draft_stopped: int = 0  # answers whose draft stopped, slower than the model alone
     ttft_s: float | None = None  # the first answer's first token, on the job's clock
     reasons: list[str] = field(default_factory=list)
 
@@ -140,6 +141,7 @@ class _Totals:
         self.decode_s += out.decode_s
         self.draft_tokens += out.draft_tokens
         self.accepted_draft_tokens += out.accepted_draft_tokens
+        self.draft_stopped += out.draft_stopped_at > 0
         self.reasons.append(out.finish_reason)
 
     def metrics(self, options) -> Metrics:
@@ -153,6 +155,7 @@ class _Totals:
             draft_tokens=self.draft_tokens,
             accepted_draft_tokens=self.accepted_draft_tokens,
             draft_acceptance=self.accepted_draft_tokens / self.draft_tokens if self.draft_tokens else 0.0,
+            draft_stopped=self.draft_stopped,
             finish_reason=",".join(dict.fromkeys(self.reasons)),
             cost=estimate_cost(self.input_tokens, self.output_tokens, options.price_in, options.price_out),
         )

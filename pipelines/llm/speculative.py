@@ -19,11 +19,20 @@ KV caches: both models hold the context (prompt + answer but its last token) at 
 round; the target's verify pass appends the last token and the k proposals, and a rejection cuts
 both caches back (``Native.keep``) to the accepted tokens. The draft length adapts: one more after a
 round that accepted every proposal, one fewer after a rejection (``--draft-tokens N`` fixes it).
+
+Whether it pays is measured, not assumed: where the CPU is compute-bound (this project's 2-core
+hosts: a pass over 4 tokens costs 2.7 single steps, and the 0.5B draft's step 0.66 of the 1.5B's),
+speculation is slower than the model alone, llama-server's included. So the adaptive mode times
+the model's own steps (``PACE_PROBE`` of them first) against the rounds, and stops drafting for
+the rest of the answer (``draft_stopped_at``: the output token where it stopped) after a round that
+would have been slower even had it kept every proposal, or after ``PACE_ROUNDS`` rounds that made
+tokens slower than the model alone. A fixed ``--draft-tokens`` always drafts.
 """
 
 from __future__ import annotations
 
 import ctypes
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -35,6 +44,7 @@ from taskrun.pipelines.llm.sampling import Sampling, sample
 from taskrun.tasks.base import ModelCard, TaskError
 
 START_K, MIN_K, MAX_K = 4, 1, 12  # the adaptive draft length: where it starts, its bounds
+PACE_PROBE, PACE_ROUNDS = 2, 3  # the model's own steps timed first; rounds timed before judging
 
 
 def draft_name(card: ModelCard, asked: str) -> str:
@@ -142,11 +152,38 @@ def probs(logits: np.ndarray, s: Sampling, history: list[int]) -> np.ndarray:
 
 
 class Stats:
-    """What the draft did in one decode: tokens proposed, and of them, accepted (decode.Decoded
-    has the same two fields and is passed in its place)."""
+    """What the draft did in one decode: tokens proposed, of them accepted, and the output token
+    where drafting stopped because it was slower (0: never; decode.Decoded has the same fields and
+    is passed in its place)."""
 
     def __init__(self) -> None:
-        self.draft_tokens = self.accepted_draft_tokens = 0
+        self.draft_tokens = self.accepted_draft_tokens = self.draft_stopped_at = 0
+
+
+class _Pace:
+    """Seconds per output token of the model's own steps and of the propose-verify rounds, in one
+    answer: drafting goes on while the rounds are the faster (``drafting``)."""
+
+    def __init__(self, exact: int) -> None:
+        self.plain_s = self.round_s = 0.0
+        self.plain_n = self.round_n = self.rounds = 0
+        self.off = False
+        self.exact = exact  # the model's cache positions written as the model alone writes them
+
+    def drafting(self) -> bool:
+        return self.plain_n >= PACE_PROBE and not self.off
+
+    def plain(self, seconds: float) -> None:
+        self.plain_s, self.plain_n = self.plain_s + seconds, self.plain_n + 1
+
+    def round(self, seconds: float, made: int, proposed: int) -> None:
+        """A round took ``seconds`` for ``made`` tokens of ``proposed`` + 1 it could have made: off
+        at once if even that many would be slower than the model alone (a round costs about the
+        same whatever it accepts), else once PACE_ROUNDS rounds were slower."""
+        self.round_s, self.round_n, self.rounds = self.round_s + seconds, self.round_n + made, self.rounds + 1
+        plain = self.plain_s / self.plain_n
+        if seconds / (proposed + 1) > plain or (self.rounds >= PACE_ROUNDS and self.round_s / self.round_n > plain):
+            self.off = True
 
 
 class _Pick:
@@ -187,6 +224,7 @@ def tokens(target, draft, ids: list[int], limit: int, s: Sampling, fixed_k: int,
     if limit <= 0:
         return
     pick, k = _Pick(s), fixed_k or START_K
+    pace = None if fixed_k else _Pace(len(ids))
     try:
         t_logits = target.prefill(ids, room=limit + 1)
         draft.prefill(ids, room=limit + 1)
@@ -198,8 +236,14 @@ def tokens(target, draft, ids: list[int], limit: int, s: Sampling, fixed_k: int,
                 yield y
                 if len(history) >= limit or y in target.eos:
                     return
-                n = len(history)
+                if pace is not None and not pace.drafting():  # timing the model alone, or stopped
+                    stats.draft_stopped_at = stats.draft_stopped_at or (len(history) if pace.off else 0)
+                    y = _plain(target, ids, history, pick, pace)
+                    continue
+                n, t0, asked = len(history), time.perf_counter(), stats.draft_tokens
                 accepted, y = _round(target, draft, ids, history, min(k, limit - n), pick, stats)
+                if pace is not None:
+                    pace.round(time.perf_counter() - t0, len(history) - n + 1, stats.draft_tokens - asked)
                 for x in history[n:]:
                     yield x
                     if x in target.eos:
@@ -211,6 +255,24 @@ def tokens(target, draft, ids: list[int], limit: int, s: Sampling, fixed_k: int,
     finally:
         target.free()
         draft.free()
+
+
+def _plain(target, ids, history, pick, pace) -> int:
+    """One step of the model alone after ``history`` → the next token; the step's time goes to
+    ``pace``. After rounds, the tokens they added are read again one by one first: a batched
+    verify pass rounds its cache entries unlike single steps (llama.cpp's repacked kernels), and
+    from here on the answer is the model's alone, token for token."""
+    t0 = time.perf_counter()
+    fed = ids + history
+    keep = min(pace.exact, _shared(target.native.tokens, fed))
+    if not target.native.keep(keep):
+        raise TaskError("llama.cpp could not cut the KV cache back after a rejected draft")
+    for token in fed[keep:]:
+        logits = target.decode_step(token)
+    pace.exact = len(fed)
+    y = pick.draw(logits, history)[0]
+    pace.plain(time.perf_counter() - t0)
+    return y
 
 
 def _round(target, draft, ids, history, k, pick, stats) -> tuple[int, int]:

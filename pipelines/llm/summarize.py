@@ -106,6 +106,7 @@ class SummarizePipeline(LLMPipeline):
                 draft_tokens=drafted,
                 accepted_draft_tokens=accepted,
                 draft_acceptance=accepted / drafted if drafted else 0.0,
+                draft_stopped=sum(st["draft_stopped_at"] > 0 for st in stages),
                 finish_reason=last.finish_reason if last else "",
                 chunks=sum(res.chunks for res, _ in done),
                 stages=stages,
@@ -197,6 +198,7 @@ def _stage(kind: str, chunk: int, input_tokens: int, out: Decoded) -> dict:
         "decode_steps": out.decode_steps,
         "draft_tokens": out.draft_tokens,
         "accepted_draft_tokens": out.accepted_draft_tokens,
+        "draft_stopped_at": out.draft_stopped_at,
         "finish_reason": out.finish_reason,
     }
 
