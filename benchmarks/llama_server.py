@@ -58,10 +58,13 @@ def wait_healthy(url: str, proc, name: str, timeout: float, log=lambda: "") -> N
 class LlamaServer:
     """One llama-server process on 127.0.0.1 serving ``gguf`` with ``parallel`` slots."""
 
-    def __init__(self, binary: Path, gguf: Path, folder: Path, parallel: int, threads: int) -> None:
+    def __init__(
+        self, binary: Path, gguf: Path, folder: Path, parallel: int, threads: int, extra: tuple = (), name: str = ""
+    ) -> None:
+        """``extra``: more llama-server arguments (a draft model); ``name`` tells its log apart."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = folder / f"llama-server-{parallel}.log"
+        self.log_path = folder / f"llama-server-{parallel}{name}.log"
         self.log = open(self.log_path, "wb")
         self.cmd = [
             str(binary),
@@ -85,6 +88,7 @@ class LlamaServer:
             "--no-webui",
             "--alias",
             "bench-llm",
+            *extra,
         ]
         self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT)
 
