@@ -51,8 +51,13 @@ def _run(target, ids, **kw):
 
 
 @pytest.mark.parametrize("k", [0, 1, 3, 8])
-def test_greedy_output_is_the_target_alone_token_for_token(pair, k):
+def test_greedy_output_is_the_target_alone_token_for_token(pair, k, monkeypatch):
+    from taskrun.pipelines.llm.speculative import _Pace
+
     target, draft = pair
+    # k 0 tests the adaptive length; the pace would stop drafting on tiny models, whose batched
+    # pass costs more than a step (tested below, with steps slowed on purpose)
+    monkeypatch.setattr(_Pace, "round", lambda self, seconds, made, proposed: None)
     proposed = accepted = 0
     for prompt in PROMPTS:
         ids = target.prompt_ids(prompt, raw=True)
@@ -102,6 +107,15 @@ def test_the_adaptive_draft_stops_where_it_is_slower(pair, monkeypatch):
     fixed = _run(target, ids, max_tokens=40, draft=draft, draft_tokens=3)
     assert fixed.token_ids == alone.token_ids and fixed.draft_stopped_at == 0
     assert fixed.draft_tokens > 20  # every round drafted
+
+
+def test_a_stopped_draft_is_said_with_the_fixes():
+    from taskrun.pipelines.llm.pipeline import LLMPipeline
+
+    pipe = LLMPipeline.__new__(LLMPipeline)
+    assert list(pipe.draft_notes(0, 3)) == []
+    (note,) = pipe.draft_notes(2, 3)
+    assert "2 of 3" in note.message and "--draft none" in note.message and "--draft-tokens N" in note.message
 
 
 def test_the_adaptive_draft_goes_on_where_it_pays(pair, monkeypatch):

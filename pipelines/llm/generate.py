@@ -71,6 +71,7 @@ class GeneratePipeline(LLMPipeline):
 
         yield from per_input(inputs, one)
         yield from self.engine_notes()
+        yield from self.draft_notes(totals.draft_stopped, len(totals.reasons))
         yield ev.Done(totals.metrics(options))
 
     def _draft(self, asked: str, grammar: bool):

@@ -22,6 +22,15 @@ class LLMPipeline(EnginePipeline):
         for note in getattr(self.engine, "notes", ()):
             yield ev.Notice(note)
 
+    def draft_notes(self, stopped: int, answers: int) -> Iterator[ev.Notice]:
+        """Say so where the adaptive draft stopped (speculative.py): the user asked for speed."""
+        if stopped:
+            yield ev.Notice(
+                f"the draft stopped early in {stopped} of {answers} answer(s): speculation was slower here "
+                "than the model alone, so the rest was decoded without it (docs/language-models.md, "
+                "speculative decoding); --draft none skips loading it, --draft-tokens N drafts throughout"
+            )
+
 
 def per_input(inputs: list[Input], one: Callable[[int, Input], Iterator[Any]]) -> Iterator[Any]:
     """For each input, yield the events of ``one(index, input)`` (a generator that returns the

@@ -94,6 +94,7 @@ class SummarizePipeline(LLMPipeline):
         n_dec = sum(st["decode_steps"] for st in stages)
         t_dec = sum(st["decode_s"] for st in stages)
         yield from self.engine_notes()
+        yield from self.draft_notes(sum(st["draft_stopped_at"] > 0 for st in stages), len(stages))
         drafted, accepted = sum(st["draft_tokens"] for st in stages), sum(st["accepted_draft_tokens"] for st in stages)
         yield ev.Done(
             Metrics(
