@@ -21,7 +21,7 @@ both caches back (``Native.keep``) to the accepted tokens. The draft length adap
 round that accepted every proposal, one fewer after a rejection (``--draft-tokens N`` fixes it).
 
 Whether it pays is measured, not assumed: where the CPU is compute-bound (this project's 2-core
-hosts: a pass over 4 tokens costs 2.7 single steps, and the 0.5B draft's step 0.66 of the 1.5B's),
+hosts: a pass over 4 tokens costs about 3 single steps, and the 0.5B draft's step 0.6 of the 1.5B's),
 speculation is slower than the model alone, llama-server's included. So the adaptive mode times
 the model's own steps (``PACE_PROBE`` of them first) against the rounds, and stops drafting for
 the rest of the answer (``draft_stopped_at``: the output token where it stopped) after a round that
@@ -264,7 +264,10 @@ def _plain(target, ids, history, pick, pace) -> int:
     from here on the answer is the model's alone, token for token."""
     t0 = time.perf_counter()
     fed = ids + history
-    keep = min(pace.exact, _shared(target.native.tokens, fed))
+    if len(target.native.tokens) == pace.exact == len(fed) - 1:
+        keep = pace.exact  # the last step was the model's own: nothing to read again
+    else:
+        keep = min(pace.exact, _shared(target.native.tokens, fed))
     if not target.native.keep(keep):
         raise TaskError("llama.cpp could not cut the KV cache back after a rejected draft")
     for token in fed[keep:]:
