@@ -161,3 +161,68 @@ def test_a_prompt_that_comes_mid_answer_is_read_in_the_others_steps(llm):
         logits = seq.decode_step(out[-1])
     seq.free()
     assert answers[3][:8] == out
+
+
+def _prompt_calls(llm, arrivals: int, stagger_s: float):
+    """Four jobs' prompts reach the batch ``stagger_s`` apart, with ``arrivals`` of them announced
+    first as the server announces the jobs it took (Join.expect) → for each llama_decode, the
+    sequences whose prompt tokens it read."""
+    from taskrun.pipelines.llm.llamacpp_batch import BatchEngine
+    from taskrun.tasks import seq_batch
+    from taskrun.tasks.seq_batch import Join
+
+    join = Join(4)
+    batch = BatchEngine(llm, join)
+    calls: list[set[int]] = []
+    fill = batch._fill
+
+    def record(rows):
+        calls.append({r[0] for r in rows})  # prompt rows only: no job here decodes
+        fill(rows)
+
+    batch._fill = record
+    arrivals = [join.expect() for _ in range(arrivals)]
+    prompts = [llm.prompt_ids(f"Story number {i}: once upon a time there was") for i in range(4)]
+
+    def one(k: int) -> None:
+        time.sleep(stagger_s * k)
+        if k < len(arrivals):
+            seq_batch.ARRIVAL.set(arrivals[k])
+        seq = batch.sequence()
+        seq.prefill(prompts[k])
+        seq.free()
+
+    _in_threads(one)
+    assert join.coming == 0
+    return [c for c in calls if c]
+
+
+def test_prompts_of_jobs_on_their_way_are_read_in_one_pass(llm):
+    """The server took four requests at once; their prompts reach the batch 10 ms apart (each
+    job's thread renders and tokenizes its own). The first waits for the others (ARRIVE_S), and
+    one llama_decode reads the four: 4 prompts of ~40 tokens on the 1.5B took 2.4-2.9 s in one
+    pass, 3.3-3.6 s one a pass. Unannounced, the first is read alone after the 3 ms window."""
+    together = _prompt_calls(llm, 4, 0.01)
+    assert len(together) == 1 and together[0] == {0, 1, 2, 3}, together
+    alone = _prompt_calls(llm, 0, 0.01)
+    assert len(alone) > 1, alone
+
+
+def test_a_job_announced_but_never_coming_holds_a_prompt_only_briefly(llm):
+    """A job the server took that ends before it reaches the batch (its client left, a bad
+    request) says so (Arrival.landed); one that is slow to come is waited for ARRIVE_S at most."""
+    from taskrun.pipelines.llm.llamacpp_batch import ARRIVE_S, BatchEngine
+    from taskrun.tasks.seq_batch import Join
+
+    join = Join(4)
+    batch = BatchEngine(llm, join)
+    late = join.expect()  # never comes
+    seq = batch.sequence()
+    t0 = time.monotonic()
+    seq.prefill(llm.prompt_ids("Once upon a time"))
+    held = time.monotonic() - t0
+    seq.free()
+    assert ARRIVE_S * 0.8 <= held < ARRIVE_S + 1.0, held
+    late.landed()
+    late.landed()  # a second call changes nothing
+    assert join.coming == 0 and batch._coming() == 0  # the next prompt is not held for it

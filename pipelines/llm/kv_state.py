@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import ctypes
 
+from taskrun.tasks.base import TaskError
+
 
 def copy_seq(lib, src_ctx, src_seq: int, dst_ctx, dst_seq: int, streams: tuple[int, int] = (1, 1)) -> bool:
     """Copy sequence ``src_seq``'s KV cache of ``src_ctx`` into sequence ``dst_seq`` of ``dst_ctx``
@@ -52,3 +54,38 @@ def restream(blob: bytes, n_from: int, s_from: int, n_to: int, s_to: int) -> byt
             prefix = prefix[:4] + s_to.to_bytes(4, "little")
         return prefix + n_to.to_bytes(4, "little") + zero * s_to + section + zero * (n_to - 1 - s_to)
     return None
+
+
+def read_on_copy(batch, slot, ids: list[int], keep: int):
+    """The logits after ``ids`` read into ``slot`` of ``batch`` (llamacpp_batch.BatchEngine) on
+    the engine's float16 prompt copy, as the single-stream path reads prompts (so a batched
+    answer is the answer a lone run gives): the slot's kept
+    prefix goes to the copy's context, the rest is read there, and the whole sequence comes
+    back into the slot. None where there is no copy or llama.cpp could not move the KV (the
+    slot then holds its first ``len(slot.tokens)`` tokens). Called under ``decode_lock``."""
+    helper = batch.base._prompt_native() if batch.plain_kv else None
+    if helper is None:
+        return None
+    lib, streams = batch.lib, len(batch.slots)
+    with helper.lock:
+        try:
+            helper.ensure(batch.n_ctx_seq)
+            helper.clear()
+            if keep and not copy_seq(lib, batch.ctx, slot.seq, helper.ctx, 0, (streams, 1)):
+                return None
+            helper.tokens = list(ids[:keep])
+            rest = ids[keep:]
+            logits = batch.base._logits(helper.eval((lib.llama_token * len(rest))(*rest), len(rest)))
+            lib.llama_memory_seq_rm(batch.mem, slot.seq, 0, -1)
+            del slot.tokens[:]
+            if not copy_seq(lib, helper.ctx, 0, batch.ctx, slot.seq, (1, streams)):
+                lib.llama_memory_seq_rm(batch.mem, slot.seq, 0, -1)
+                return None
+            slot.tokens.extend(ids)
+            return logits
+        except TaskError:
+            lib.llama_memory_seq_rm(batch.mem, slot.seq, 0, -1)
+            del slot.tokens[:]
+            return None
+        finally:
+            helper.clear()

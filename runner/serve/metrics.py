@@ -79,6 +79,13 @@ class ServerMetrics:
             buckets=(1, 2, 3, 4, 6, 8, 16, 32, 64),
             registry=r,
         )
+        self.batch_prompts = Histogram(
+            "taskrun_batch_prompt_pass_prompts",
+            "prompts read together per llama_decode that reads prompts (its count: the passes that read prompts)",
+            ["model"],
+            buckets=(1, 2, 3, 4, 6, 8, 16, 32, 64),
+            registry=r,
+        )
         self.task = {
             name: Histogram(f"taskrun_task_{name}", doc, ["task", "model"], buckets=b, registry=r)
             for name, (doc, b) in TASK_METRICS.items()

@@ -128,8 +128,11 @@ class Service:
             worker.join if batched else None,
         )
         worker.admit()  # 503 when the queue is full
+        if batched and worker.join is not None:
+            job.arrival = worker.join.expect()  # a step about to read a prompt waits a little for its prompt
         if batched and worker.join is not None and worker.join.on_step is None:
             worker.join.on_step = self.metrics.batch_steps.labels(worker.model).observe
+            worker.join.on_prompts = self.metrics.batch_prompts.labels(worker.model).observe
         future = asyncio.ensure_future(self._execute(worker, job, model, batched))
         if request is not None:
             watcher = asyncio.ensure_future(watch_client(request, job.cancel))
@@ -180,6 +183,9 @@ class Service:
             log.exception("job %s (%s on %s) failed", job.run_id, task, model)
             self.metrics.job(task, model, "failed", job.queue_wait_s)
             raise InternalError() from None
+        finally:
+            if job.arrival is not None:  # it may never have run (cancelled in the queue, the server stopping)
+                job.arrival.landed()
         self.metrics.job(task, model, rec.status, job.queue_wait_s, rec)
         return rec
 

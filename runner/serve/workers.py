@@ -90,6 +90,7 @@ class ServerJob:
         self.spec, self.loop, self.forward, self.loads = spec, loop, forward, loads
         self.cache_scope = cache_scope  # whose cached prompt prefixes it may reuse (tasks/cache_scope.py)
         self.join = join  # the model's batch this job's answer decodes in (tasks/seq_batch.py), or None
+        self.arrival: seq_batch.Arrival | None = None  # set once admitted: it is on its way to the batch
         self.log = CapturingLog(log)
         self.device, self.dtype = device, dtype
         self.cancelled = threading.Event()
@@ -127,6 +128,7 @@ class ServerJob:
         self._gate = key if self.loads is not None and self.loads.enter(key) else None
         scoped = cache_scope.SCOPE.set(self.cache_scope)  # this thread runs this job alone until it ends
         joined = seq_batch.JOIN.set(self.join)
+        arriving = seq_batch.ARRIVAL.set(self.arrival)
         try:
             return run_spec(
                 self.spec, log=self.log, on_event=self.on_event, device=self.device, dtype=self.dtype, offline=True
@@ -134,6 +136,9 @@ class ServerJob:
         except KeyboardInterrupt:  # never into the event loop: asyncio would re-raise it there
             raise stopping_error() from None
         finally:
+            if self.arrival is not None:  # it ended before its engine took a slot
+                self.arrival.landed()
+            seq_batch.ARRIVAL.reset(arriving)
             seq_batch.JOIN.reset(joined)
             cache_scope.SCOPE.reset(scoped)
             self._open_gate(loaded=False)  # still held: it ended before any event; the next one loads
