@@ -132,21 +132,23 @@ def one_client(url: str, prompt: str, tokens: int, start: threading.Barrier, ext
     }
 
 
-def step_rows(url: str) -> tuple[float, float]:
-    """(steps, sequences in them) so far from taskrun's /metrics (taskrun_batch_step_sequences);
-    (0, 0) from a server without it (llama-server)."""
+def step_rows(url: str) -> tuple[float, float, float]:
+    """(steps, sequences in them, llama_decode passes that read prompts) so far from taskrun's
+    /metrics (taskrun_batch_step_sequences, taskrun_batch_prompt_pass_prompts); zeros from a
+    server without them (llama-server)."""
     import httpx
 
     try:
         text = httpx.get(url + "/metrics", timeout=5).text
     except httpx.HTTPError:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     got = dict(re.findall(r"^taskrun_batch_step_sequences_(count|sum)\{[^}]*\} (\S+)$", text, re.M))
-    return float(got.get("count", 0)), float(got.get("sum", 0))
+    passes = re.findall(r"^taskrun_batch_prompt_pass_prompts_count\{[^}]*\} (\S+)$", text, re.M)
+    return float(got.get("count", 0)), float(got.get("sum", 0)), sum(float(x) for x in passes)
 
 
 def clients(url: str, prompts: list[str], tokens: int, extra: dict | None = None) -> dict:
-    steps0, rows0 = step_rows(url) if extra is None else (0.0, 0.0)
+    steps0, rows0, passes0 = step_rows(url) if extra is None else (0.0, 0.0, 0.0)
     start, out = threading.Barrier(len(prompts)), [None] * len(prompts)
 
     def run(i):
@@ -158,11 +160,12 @@ def clients(url: str, prompts: list[str], tokens: int, extra: dict | None = None
     for t in threads:
         t.join()
     t0, end = min(r["t0"] for r in out), max(r["end"] for r in out)
-    steps1, rows1 = step_rows(url) if extra is None else (0.0, 0.0)
+    steps1, rows1, passes1 = step_rows(url) if extra is None else (0.0, 0.0, 0.0)
     return {
         # taskrun's batched decode steps in this case, and the sequences per step (4 at best)
         "steps": steps1 - steps0,
         "rows_per_step": (rows1 - rows0) / (steps1 - steps0) if steps1 > steps0 else None,
+        "prompt_passes": passes1 - passes0,  # llama_decode calls that read prompt tokens (1: all together)
         "aggregate_tokens_per_s": sum(r["tokens"] for r in out) / (end - t0),
         "ttft_p50_s": statistics.median(r["ttft_s"] for r in out),
         "decode_tokens_per_s_p50": statistics.median(r["decode_tokens_per_s"] or 0.0 for r in out),
@@ -193,6 +196,7 @@ def summarise(results: dict, alone_texts: dict) -> dict:
             "load_avg_1m": [round(x["load_avg_1m"], 2) for x in results[name]],
             "batched_steps": [x.get("steps") for x in results[name]],
             "rows_per_step": [round(x["rows_per_step"], 2) if x.get("rows_per_step") else None for x in results[name]],
+            "prompt_passes": [x.get("prompt_passes") for x in results[name]],
         }
         for name in results
         if results[name]
