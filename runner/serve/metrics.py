@@ -18,6 +18,7 @@ from prometheus_client import (
 LATENCY = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 RATE = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000)
 RATIO = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5)
+SEQUENCES = (1, 2, 3, 4, 6, 8, 16, 32, 64)  # sequences (or prompts) in one llama_decode of a batch
 
 # A task's own metrics exported as histograms: metric name → (help, buckets).
 TASK_METRICS: dict[str, tuple[str, tuple]] = {
@@ -76,14 +77,15 @@ class ServerMetrics:
             "taskrun_batch_step_sequences",
             "sequences decoded together per decode step",
             ["model"],
-            buckets=(1, 2, 3, 4, 6, 8, 16, 32, 64),
+            buckets=SEQUENCES,
             registry=r,
         )
         self.batch_prompts = Histogram(
             "taskrun_batch_prompt_pass_prompts",
-            "prompts read together per llama_decode that reads prompts (its count: the passes that read prompts)",
+            "prompts read together per batch step that reads prompts (its count: those steps; a prompt read "
+            "on a small model's float16 copy is read outside the steps and not counted)",
             ["model"],
-            buckets=(1, 2, 3, 4, 6, 8, 16, 32, 64),
+            buckets=SEQUENCES,
             registry=r,
         )
         self.task = {
