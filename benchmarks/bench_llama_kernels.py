@@ -14,6 +14,11 @@ llama-cpp-python sdist that `make install` builds (the same commit, so its ctype
 
     python benchmarks/bench_llama_kernels.py --build /tmp/lc/build-dl/bin [--rounds N]
 
+Or against the level `make install` builds beside the installed library (pipelines/llm/llamacpp_kernels.py):
+
+    python benchmarks/bench_llama_kernels.py --lib avx512=.venv/lib/taskrun-llama/avx512 \
+        --out benchmarks/results/llama_kernels-avx512.json
+
 Each contender runs in its own process, rounds interleaved: `installed` is llama-cpp-python's own
 library; each variant is the DL build's libllama (LLAMA_CPP_LIB_PATH) with only that variant's
 libggml-cpu-*.so where ggml looks for backends (the working directory), so ggml's run-time scoring
@@ -71,8 +76,15 @@ def gguf(model: str) -> str:
     return str(path)
 
 
-def contenders(build: Path | None, variants: list[str] | None) -> dict[str, tuple[dict, Path | None]]:
-    out: dict[str, tuple[dict, Path | None]] = {"installed": ({}, None)}
+def contenders(
+    build: Path | None, variants: list[str] | None, libs: list[str] | None = None
+) -> dict[str, tuple[dict, Path | None]]:
+    out: dict[str, tuple[dict, Path | None]] = {"installed": ({"TASKRUN_LLAMA_KERNELS": "portable"}, None)}
+    for spec in libs or []:  # NAME=DIR: a folder LLAMA_CPP_LIB_PATH can load (e.g. taskrun's own kernel levels)
+        name, _, folder = spec.partition("=")
+        if not (Path(folder) / "libllama.so").exists():
+            sys.exit(f"--lib {spec}: {folder} has no libllama.so")
+        out[name] = ({"LLAMA_CPP_LIB_PATH": folder}, None)
     if build is None:
         return out
     found = sorted(p.name[len("libggml-cpu-") : -3] for p in build.glob("libggml-cpu-*.so"))
@@ -89,7 +101,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", type=Path, help="the DL build's bin/ folder (see the docstring)")
     ap.add_argument("--variants", help="comma-separated variants (default: every one built)")
+    ap.add_argument("--lib", action="append", default=[], metavar="NAME=DIR", help="a library folder to compare")
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
+    ap.add_argument("--out", type=Path, default=HERE / "results" / "llama_kernels.json")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--prompt-tokens", type=int, default=256)
     ap.add_argument("--tokens", type=int, default=32)
@@ -97,7 +111,7 @@ def main() -> None:
     args = ap.parse_args()
     model = gguf(args.model)
     text = HERE.parent / "README.md"
-    runs = contenders(args.build, args.variants.split(",") if args.variants else None)
+    runs = contenders(args.build, args.variants.split(",") if args.variants else None, args.lib)
     got: dict[str, list[dict]] = {name: [] for name in runs}
     failed: dict[str, str] = {}
     for r in range(args.rounds):
@@ -144,8 +158,8 @@ def main() -> None:
     from taskrun.runner.bench.host import host
 
     result = {"model": model, "threads": args.threads, "rounds": args.rounds, "rows": rows, "host": host()}
-    (HERE / "results").mkdir(exist_ok=True)
-    (HERE / "results" / "llama_kernels.json").write_text(json.dumps(result, indent=2) + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
     for row in rows:
         if "failed" in row:
             print(f"{row['name']:16} failed: {row['failed'][:120]}")

@@ -46,6 +46,9 @@ def library():
     stderr: taskrun reports what matters itself)."""
     if "lib" in _STATE:
         return _STATE["lib"]
+    from taskrun.pipelines.llm.llamacpp_kernels import select
+
+    _STATE["build"] = select()  # the AVX-512 build where this CPU runs it (LLAMA_CPP_LIB_PATH)
     try:
         import llama_cpp
     except (ImportError, OSError) as exc:
@@ -63,9 +66,9 @@ def library():
     return llama_cpp
 
 
-# llama.cpp's CPU kernels, best first: (its system-info name, /proc/cpuinfo's flag). The build is
-# chosen at install (Makefile LLAMA_CMAKE: portable AVX2), so a job's run log says which level ran
-# and what this CPU has that the build leaves unused (AVX-512, AMX): a rate means little without it.
+# llama.cpp's CPU kernels, best first: (its system-info name, /proc/cpuinfo's flag). The library is
+# chosen at run time (llamacpp_kernels: portable AVX2, or AVX-512 where the CPU has it), so a job's
+# run log says which level ran, which build, and what this CPU has that it leaves unused (AMX).
 _KERNEL_LEVELS = (
     ("AMX_INT8", "amx_int8"),
     ("AVX512_BF16", "avx512_bf16"),
@@ -113,7 +116,7 @@ def kernel_note() -> str:
     """``kernel_level`` for the llama.cpp library this process loaded."""
     if "kernels" not in _STATE:  # one library and one CPU per process: read once, not per job
         info = library().llama_print_system_info().decode("utf-8", "replace")
-        _STATE["kernels"] = kernel_level(info)
+        _STATE["kernels"] = f"{kernel_level(info)}; {_STATE['build']}"
     return _STATE["kernels"]
 
 
