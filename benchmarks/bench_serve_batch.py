@@ -330,7 +330,7 @@ def main() -> None:
             if server:
                 server.stop()
 
-    import llama_cpp
+    from taskrun.pipelines.llm.llamacpp_native import kernel_note
 
     summary = summarise(results, alone_texts)
     summary["setup"] = {
@@ -342,7 +342,7 @@ def main() -> None:
         "cpus": os.cpu_count(),
         "load_avg_at_end": os.getloadavg(),
         "machine": platform.machine(),
-        "taskrun_kernels": kernels(llama_cpp.llama_print_system_info().decode("utf-8", "replace")),
+        "taskrun_kernels": kernel_note(),  # the library the server chose as it did (llamacpp_kernels)
         "llama_server": "not measured (no --llama-server given)",
         "logs": str(folder),  # the servers' logs and run logs (prefill_s per job in runs-N.db)
     }
