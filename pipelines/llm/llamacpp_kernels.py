@@ -34,7 +34,7 @@ from taskrun.tasks.base import TaskError
 LEVELS = (
     (
         "avx512",
-        "avx fma f16c avx2 bmi2 avx512f avx512cd avx512vl avx512dq avx512bw avx512vbmi avx512_vnni avx512_bf16",
+        "sse4_2 avx fma f16c avx2 bmi2 avx512f avx512cd avx512vl avx512dq avx512bw avx512vbmi avx512_vnni avx512_bf16",
         "-DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON",
     ),
 )
