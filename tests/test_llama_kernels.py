@@ -48,6 +48,8 @@ def test_a_build_made_for_another_llama_cpp_python_is_not_loaded(built):
     (lib / "libllama.so").write_bytes(b"a reinstalled libllama")  # pip reinstalled another version
     folder, note = k.choose(ZEN4, where, lib)
     assert folder is None and "built for another llama-cpp-python (make install rebuilds it)" in note
+    (where / "avx512" / k.MANIFEST).write_text("{ half written")
+    assert k.choose(ZEN4, where, lib)[0] is None
     folder, note = k.choose(ZEN4, where / "nowhere", lib)
     assert folder is None and "not built (make install builds it into" in note
 

@@ -73,6 +73,13 @@ def cpu_flags() -> set[str]:
     return set(line.partition(":")[2].split())
 
 
+def _built_for(folder: Path) -> str | None:
+    try:
+        return json.loads((folder / MANIFEST).read_text())["libllama"]
+    except (OSError, ValueError, KeyError, TypeError):  # a half-written or foreign folder: not ours to load
+        return None
+
+
 def choose(flags: set[str], where: Path, lib: Path | None, want: str = "auto") -> tuple[Path | None, str]:
     """The best level this CPU runs whose folder under ``where`` matches the installed library
     ``lib``, and why: (folder or None for the portable library, a note for the run log)."""
@@ -91,7 +98,7 @@ def choose(flags: set[str], where: Path, lib: Path | None, want: str = "auto") -
             why.append(f"{name}: this CPU lacks {', '.join(missing)}")
         elif not (folder / MANIFEST).exists():
             why.append(f"{name}: not built (make install builds it into {where})")
-        elif lib is None or json.loads((folder / MANIFEST).read_text())["libllama"] != digest(lib / "libllama.so"):
+        elif lib is None or _built_for(folder) != digest(lib / "libllama.so"):
             why.append(f"{name}: built for another llama-cpp-python (make install rebuilds it)")
         else:
             return folder, f"taskrun's {name} build, chosen from /proc/cpuinfo"
