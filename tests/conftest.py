@@ -13,6 +13,27 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def _load_the_llama_library_a_job_would():
+    """Import llama.cpp here as a job does (llamacpp_native.library(): the AVX-512 build where this
+    CPU runs it), before any test module's ``importorskip("llama_cpp")`` imports the portable one.
+    The tests' in-process jobs and the servers and CLIs they start must run the same kernels: the
+    two builds round differently, and on smollm2-135m 2 of 8 greedy answers differed (CI, stop 45).
+    A LLAMA_CPP_LIB_PATH this sets is taken back, so each child process chooses for itself."""
+    from importlib.util import find_spec
+
+    if find_spec("llama_cpp") is None:
+        return
+    from taskrun.pipelines.llm.llamacpp_native import library
+
+    before = os.environ.get("LLAMA_CPP_LIB_PATH")
+    library()
+    if before is None:
+        os.environ.pop("LLAMA_CPP_LIB_PATH", None)
+
+
+_load_the_llama_library_a_job_would()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def session_cache(tmp_path_factory):
     """A cache dir shared by the whole run: converted weights and digests are made once. Set for

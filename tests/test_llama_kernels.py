@@ -113,3 +113,23 @@ def test_the_avx512_build_loads_and_gives_the_portable_builds_greedy_tokens():
     assert runs["auto"]["note"].startswith("llama.cpp CPU kernels: AVX512_BF16; taskrun's avx512 build"), runs
     assert runs["auto"]["tokens"] == runs["portable"]["tokens"]
     assert Path(folder, "libggml-cpu.so.0").stat().st_size > 0
+
+
+def test_the_test_process_runs_the_library_a_job_would_choose():
+    """tests/conftest.py imports llama.cpp as a job does, before any test module's
+    ``importorskip("llama_cpp")``: the tests' in-process jobs and the servers and CLIs they start
+    run the same kernels (on SmolLM2 the two levels word 8 of 24 greedy answers differently)."""
+    pytest.importorskip("llama_cpp")
+    if os.environ.get("LLAMA_CPP_LIB_PATH"):
+        pytest.skip("the LLAMA_CPP_LIB_PATH this test run was given chooses the library")
+    import llama_cpp.llama_cpp as bindings
+
+    from taskrun.pipelines.llm.llamacpp_native import _STATE, library
+
+    library()
+    want = os.environ.get("TASKRUN_LLAMA_KERNELS", "auto").strip().lower() or "auto"
+    folder, why = k.choose(k.cpu_flags(), k.root(), k.installed_lib(), want)
+    loaded = Path(bindings._lib._name).resolve()
+    assert loaded.parent == (folder or k.installed_lib()).resolve(), (loaded, why)
+    assert _STATE["build"] == why
+    assert "LLAMA_CPP_LIB_PATH" not in os.environ  # taken back: each child process chooses for itself
