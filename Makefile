@@ -35,8 +35,9 @@ LLAMA_CMAKE := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGG
 LLAMA_ENV   := CMAKE_ARGS="$(LLAMA_CMAKE)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc)
 # Beside it, llama.cpp's CPU backend built for AVX-512 (VBMI/VNNI/BF16, no AMX), which taskrun loads
 # at run time where /proc/cpuinfo has those flags (pipelines/llm/llamacpp_kernels.py): 1.4-1.5x
-# prefill on a Zen 4 host, same greedy tokens. ~40 s on 2 cores, every machine (the choice is made
-# when a job runs, not here); if it cannot be built, taskrun runs the portable library and says so.
+# prefill on a Zen 4 host, the same accepted eval answers (docs/language-models.md). ~40 s on 2
+# cores, every machine (the choice is made when a job runs, not here); if it cannot be built,
+# taskrun runs the portable library and says so.
 LLAMA_KERNELS := $(BIN)/python -m taskrun.pipelines.llm.llamacpp_kernels $(VENV)/lib/taskrun-llama \
 	|| echo "make install: the AVX-512 llama.cpp kernels were not built; llama.cpp runs its portable AVX2 ones"
 

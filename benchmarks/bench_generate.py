@@ -155,11 +155,11 @@ def _plain():
 
 
 def _direct(completion: bool, fixed_threads: int = 0):
-    from llama_cpp import Llama
-
     from taskrun.models.gguf import gguf_file
     from taskrun.models.resolve import resolve
+    from taskrun.pipelines.llm.llamacpp_native import library
 
+    Llama = library().Llama  # the llama.cpp library taskrun loads (same kernels): engines compared, not builds
     card = resolve("smollm2-135m")
     dec, pre = threads()
     dec, pre = fixed_threads or dec, fixed_threads or pre

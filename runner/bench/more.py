@@ -55,7 +55,11 @@ def generate(model: str | None, against: tuple[str, ...], data: list[Path], quic
             )
         else:
             suite.contenders.append(
-                Contender("llama.cpp", _llamacpp(model, prompt, n), note="llama-cpp-python create_completion, greedy")
+                Contender(
+                    "llama.cpp",
+                    _llamacpp(model, prompt, n),
+                    note="llama-cpp-python create_completion, greedy, on the llama.cpp library taskrun loads",
+                )
             )
     suite.quality = _same_text
     return suite
@@ -101,12 +105,12 @@ def _plain(model: str, prompt: str, n: int):
 
 def _llamacpp(model: str, prompt: str, n: int):
     def load():
-        from llama_cpp import Llama
-
         from taskrun.models.gguf import gguf_file
         from taskrun.models.resolve import resolve
         from taskrun.pipelines.device import cpu_threads
+        from taskrun.pipelines.llm.llamacpp_native import library
 
+        Llama = library().Llama  # the llama.cpp library taskrun loads (same kernels): engines compared, not builds
         path = gguf_file(resolve(model))
         if path is None:
             raise RuntimeError(f"`{model}` has no GGUF file for llama.cpp")
