@@ -284,3 +284,31 @@ def test_eval_json_keeps_full_precision(served, cases_file):
     out = eval_json(toml, cases_file, "--setup", "tiny-llama@max_tokens=2,temperature=0")
     times = [t["completion_s"] for tries in next(iter(out["cases"].values())).values() for t in tries]
     assert times and any(round(x, 6) != x for x in times)  # perf_counter spans carry > 6 decimals
+
+
+def test_each_setup_says_what_answered(served, cases_file):
+    """The report names what answered each setup: a local one's runtime, device, dtype, digest and
+    the engine's notes (on llama.cpp, which CPU kernels ran: they word greedy answers differently
+    at near ties), an endpoint's URL and the model it reported. The table prints it as `ran` lines."""
+    from click.testing import CliRunner
+
+    from taskrun.runner.cli import main
+
+    server, toml, aliases = served
+    setups = [
+        "tiny-llama@max_tokens=4,temperature=0",
+        f"openai:{server.url}/v1#tiny-llama@max_tokens=4,api_key_env=EVAL_KEY",
+    ]
+    if "tiny-gguf" in aliases:
+        setups.append("tiny-gguf@max_tokens=4,temperature=0")
+    out = eval_json(toml, cases_file, *[a for s in setups for a in ("--setup", s)])
+    local, endpoint = out["setups"][setups[0]]["ran"], out["setups"][setups[1]]["ran"]
+    assert len(local) == 1 and local[0].startswith("transformers, cpu, ") and "sha256:" in local[0]
+    assert endpoint == [f"endpoint:openai {server.url}/v1, model tiny-llama"]
+    assert all(t["ran"] == local[0] for tries in out["cases"][setups[0]].values() for t in tries)
+    if "tiny-gguf" in aliases:
+        (gguf,) = out["setups"][setups[2]]["ran"]
+        assert gguf.startswith("llama.cpp, cpu, ") and "; llama.cpp CPU kernels: " in gguf
+    env = {"TASKRUN_MODELS_TOML": str(toml), "EVAL_KEY": KEY}
+    r = CliRunner().invoke(main, ["eval", str(cases_file), "--setup", setups[0]], env=env, catch_exceptions=False)
+    assert f"ran [1] {setups[0]}: {local[0]}" in r.stdout

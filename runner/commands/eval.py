@@ -87,6 +87,7 @@ def eval_cmd(cases_file, setups, attempts, concurrency, seed, min_accept, judge_
         click.echo(json.dumps(report.to_json(eval_id, results, summaries, line), ensure_ascii=False))
     else:
         click.echo(report.table(summaries))
+        click.echo(report.ran(summaries))
         click.echo()
         click.echo(report.grid(results))
         click.echo(line)

@@ -34,6 +34,7 @@ class Attempt:
     cost: float = 0.0
     text: str = field(default="", repr=False)
     row_id: str = ""
+    ran: str = ""  # what answered: runtime, device, dtype, digest and the engine's own notes (kernels), or the endpoint
 
     @property
     def incomplete(self) -> bool:
@@ -98,6 +99,16 @@ def _local(case: Case, setup: Setup, a: Attempt, eval_id: str, seed, log) -> Non
     a.input_tokens, a.output_tokens = g.input_tokens, g.output_tokens
     a.ttft_s = max(0.0, m.ttft_s - rec.load_s) if m.ttft_s is not None else None
     a.completion_s = max(0.0, rec.wall_s - rec.load_s)
+    a.ran = ran(rec)
+
+
+def ran(rec) -> str:
+    """What answered, as a line: a setup's answers depend on it (llama.cpp's kernel levels word
+    greedy answers differently at near ties: docs/language-models.md)."""
+    card = rec.card
+    digest = (card.digest or "")[:19] if card else ""
+    head = ", ".join(x for x in (rec.runtime, rec.device, rec.dtype, digest) if x)
+    return "; ".join([head, *(card.extra.get("ran", ()) if card else ())])
 
 
 def _endpoint(case: Case, setup: Setup, a: Attempt, eval_id: str, seed, log) -> None:
@@ -117,6 +128,7 @@ def _endpoint(case: Case, setup: Setup, a: Attempt, eval_id: str, seed, log) -> 
     )
     g = rec.items[0].result
     a.row_id, a.text, a.finish_reason, a.retries = rec.id, reply.text, g.finish_reason, reply.retries
+    a.ran = f"{rec.runtime} {rec.card.path}, model {rec.card.name}"  # the URL without credentials
     a.input_tokens, a.output_tokens, a.ttft_s, a.completion_s = (
         g.input_tokens,
         g.output_tokens,

@@ -44,6 +44,7 @@ def summarize(results: dict[str, list[Attempt]]) -> dict:
         "cost": cost,
         "cost_per_accepted": cost / accepted if accepted else None,
         "time_per_accepted_s": time_s / accepted if accepted else None,
+        "ran": list(dict.fromkeys(a.ran for a in answered if a.ran)),  # more than one: the setup changed mid-eval
     }
 
 
@@ -92,6 +93,11 @@ def table(summaries: dict[str, dict]) -> str:
     return "\n".join("  ".join(x.ljust(w) for x, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
 
+def ran(summaries: dict[str, dict]) -> str:
+    """Per setup, what answered (runtime, device, dtype, digest, kernels; or the endpoint)."""
+    return "\n".join(f"ran [{i + 1}] {n}: {' | '.join(s['ran']) or '-'}" for i, (n, s) in enumerate(summaries.items()))
+
+
 def grid(results: dict[str, dict[str, list[Attempt]]]) -> str:
     """Which setup passed which case: ✓ first try, ✓N on try N, L incomplete, E error, ✗ rejected."""
     names = list(results)
@@ -135,6 +141,7 @@ def to_json(eval_id: str, results, summaries, line: str) -> dict:
                             "retries",
                             "cost",
                             "row_id",
+                            "ran",
                             "text",
                         )
                     }
