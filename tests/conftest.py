@@ -47,6 +47,33 @@ def session_cache(tmp_path_factory):
         yield cache
 
 
+@pytest.fixture(scope="session", autouse=True)
+def users_run_log_untouched():
+    """No test's job lands in the user's own run log (platformdirs' user data folder). A CliRunner
+    env of {"TASKRUN_LOG_DB": None} unsets the test's log, and the jobs went there (two helpers in
+    tests/test_endpoint*.py did). Checked by this process's pid, so the user's own jobs meanwhile
+    do not count."""
+    import sqlite3
+    import time
+    from pathlib import Path
+
+    import platformdirs
+
+    path = Path(platformdirs.user_data_dir("taskrun")) / "runs.db"
+    since = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() - 1))
+    yield
+    if not path.exists():
+        return
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        try:
+            rows = db.execute(
+                "select id, task from runs where pid = ? and started_at >= ?", (os.getpid(), since)
+            ).fetchall()
+        except sqlite3.Error:
+            return  # not a run log this check can read: not ours to judge
+    assert not rows, f"tests wrote {len(rows)} rows into the user's run log {path}: {rows[:5]}"
+
+
 @pytest.fixture(autouse=True)
 def isolated(tmp_path, session_cache, monkeypatch):
     monkeypatch.setenv("TASKRUN_LOG_DB", str(tmp_path / "runs.db"))

@@ -39,7 +39,9 @@ def served(tmp_path_factory, tiny_dir, session_cache):
 
 
 def run(toml, *args, key: str | None = KEY, code: int = 0, log_db=None, input=None):
-    env = {"TASKRUN_MODELS_TOML": str(toml), "EP_KEY": key, "TASKRUN_LOG_DB": str(log_db) if log_db else None}
+    env = {"TASKRUN_MODELS_TOML": str(toml), "EP_KEY": key}
+    if log_db:  # else the test's own log (conftest): a None here would unset it, and the user's log would take the rows
+        env["TASKRUN_LOG_DB"] = str(log_db)
     r = CliRunner().invoke(main, list(args), env=env, input=input, catch_exceptions=False)
     assert r.exit_code == code, r.output
     assert KEY not in r.output
