@@ -6,11 +6,12 @@ Why two levels and not ggml's all-variants build (GGML_BACKEND_DL + GGML_CPU_ALL
 in docs/language-models.md): its scoring picks the AMX variant on hosts whose CPU says AMX and whose
 hypervisor does not enable it (SIGILL), it triples the build, and llama-cpp-python does not install
 it. The AVX-512 level here is AVX-512 F/CD/VL/DQ/BW + VBMI + VNNI + BF16 (ggml's ``zen4`` set, which
-Sapphire Rapids also has), no AMX: measured 1.40-1.51x prefill, 1.00-1.08x decode on a Zen 4
-host (benchmarks/bench_llama_kernels.py --lib), and the same accepted eval answers; its rounding
-differs, so near-tied greedy tokens can differ (benchmarks/bench_kernel_answers.py). Only ``libggml-cpu`` differs: the folder
-holds copies of the installed libllama/libggml/libggml-base, and is used only while the installed
-libllama is the one it was built beside (a reinstalled llama-cpp-python falls back to its own).
+Sapphire Rapids also has), no AMX: measured 1.40-1.84x prefill, 1.00-1.08x decode on a Zen 4
+host (benchmarks/bench_llama_kernels.py --lib), and the same accepted eval answers; it rounds
+differently, so near-tied greedy tokens can differ (benchmarks/bench_kernel_answers.py). Only
+``libggml-cpu`` differs: the folder holds copies of the installed libllama/libggml/libggml-base,
+and is used only while the installed libllama is the one it was built beside (a reinstalled
+llama-cpp-python falls back to its own).
 
 TASKRUN_LLAMA_KERNELS: ``auto`` (default), ``portable`` (never the AVX-512 build), or ``avx512``
 (that build, or an error saying why not). A LLAMA_CPP_LIB_PATH set by the user is left alone.
