@@ -12,6 +12,14 @@ wheel (Makefile, LLAMA_CMAKE: AVX/AVX2/FMA/F16C, no native, no OpenMP)::
         -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF
     cmake --build build --target llama-server -j2      # -> build/bin/llama-server
 
+Where taskrun runs its AVX-512 build (pipelines/llm/llamacpp_kernels.py; the run log says which), the
+like-with-like reference is a second build with that level's flags added (5.6 min wall on 2 cores,
+2026-12-04)::
+
+    cmake -B build-avx512 <the flags above> -DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON \
+        -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON
+    cmake --build build-avx512 --target llama-server -j2
+
 Started here the way taskrun's `run serve` is in the benchmarks: 127.0.0.1, the same GGUF, the
 same threads for one token and for prompts (``-t``/``-tb``), ``--parallel N`` slots of 4096
 tokens each (``-c`` = N x 4096, ``--no-kv-unified``: one KV cache per sequence, as taskrun's
