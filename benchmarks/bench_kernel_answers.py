@@ -19,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -28,7 +29,8 @@ RUN = Path(sys.executable).with_name("run")
 def answers(cases: Path, model: str, max_tokens: int, kernels: str) -> dict[str, dict]:
     setup = f"{model}@max_tokens={max_tokens},temperature=0"
     env = {x: v for x, v in os.environ.items() if x != "LLAMA_CPP_LIB_PATH"}
-    env |= {"TASKRUN_LLAMA_KERNELS": kernels, "HF_HUB_OFFLINE": "1", "TASKRUN_LOG_DB": os.devnull}
+    log = Path(tempfile.mkdtemp(prefix="kernel-answers-")) / "runs.db"  # not the user's run log
+    env |= {"TASKRUN_LLAMA_KERNELS": kernels, "HF_HUB_OFFLINE": "1", "TASKRUN_LOG_DB": str(log)}
     p = subprocess.run(
         [str(RUN), "eval", str(cases), "--setup", setup, "--json"], env=env, capture_output=True, text=True
     )

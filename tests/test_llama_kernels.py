@@ -127,8 +127,7 @@ def test_the_test_process_runs_the_library_a_job_would_choose():
     from taskrun.pipelines.llm.llamacpp_native import _STATE, library
 
     library()
-    want = os.environ.get("TASKRUN_LLAMA_KERNELS", "auto").strip().lower() or "auto"
-    folder, why = k.choose(k.cpu_flags(), k.root(), k.installed_lib(), want)
+    folder, why = k.choose(k.cpu_flags(), k.root(), k.installed_lib(), k.wanted())
     loaded = Path(bindings._lib._name).resolve()
     assert loaded.parent == (folder or k.installed_lib()).resolve(), (loaded, why)
     assert _STATE["build"] == why

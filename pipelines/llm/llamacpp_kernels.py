@@ -109,6 +109,11 @@ def choose(flags: set[str], where: Path, lib: Path | None, want: str = "auto") -
     return None, "portable build" + (f" ({'; '.join(why)})" if why else "")
 
 
+def wanted() -> str:
+    """The level TASKRUN_LLAMA_KERNELS asks for (auto when unset)."""
+    return os.environ.get("TASKRUN_LLAMA_KERNELS", "auto").strip().lower() or "auto"
+
+
 def select() -> str:
     """Point LLAMA_CPP_LIB_PATH at the level ``choose`` picks, before llama_cpp is imported; the
     note says which library and why."""
@@ -116,8 +121,7 @@ def select() -> str:
         return f"LLAMA_CPP_LIB_PATH={os.environ['LLAMA_CPP_LIB_PATH']}"
     if "llama_cpp" in sys.modules:
         return "the library already imported"
-    want = os.environ.get("TASKRUN_LLAMA_KERNELS", "auto").strip().lower() or "auto"
-    folder, note = choose(cpu_flags(), root(), installed_lib(), want)
+    folder, note = choose(cpu_flags(), root(), installed_lib(), wanted())
     if folder is not None:
         os.environ["LLAMA_CPP_LIB_PATH"] = str(folder)
     return note
