@@ -105,11 +105,10 @@ def _local(case: Case, setup: Setup, a: Attempt, eval_id: str, seed, log) -> Non
 def ran(rec) -> str:
     """What answered, as a line: a setup's answers depend on it (llama.cpp's kernel levels word
     greedy answers differently at near ties: docs/language-models.md)."""
-    from taskrun.runner.bench.core import ran_notes
-
-    digest = (rec.card.digest or "")[:19] if rec.card else ""
+    card = rec.card  # (bench's ran_notes reads the same notes, but a door does not import another door)
+    digest = (card.digest or "")[:19] if card else ""
     head = ", ".join(x for x in (rec.runtime, rec.device, rec.dtype, digest) if x)
-    return "; ".join([head, *ran_notes(rec)])
+    return "; ".join([head, *(card.extra.get("ran", ()) if card else ())])
 
 
 def _endpoint(case: Case, setup: Setup, a: Attempt, eval_id: str, seed, log) -> None:
