@@ -226,3 +226,33 @@ def test_a_job_announced_but_never_coming_holds_a_prompt_only_briefly(llm):
     late.landed()
     late.landed()  # a second call changes nothing
     assert join.coming == 0 and batch._coming() == 0  # the next prompt is not held for it
+
+
+def _greedy(batch, ids: list[int], n: int = 8) -> list[int]:
+    import numpy as np
+
+    seq = batch.sequence()
+    logits, out = seq.prefill(ids), []
+    for _ in range(n):
+        out.append(int(np.argmax(logits)))
+        logits = seq.decode_step(out[-1])
+    seq.free()
+    return out
+
+
+def test_the_batch_runs_on_a_persistent_threadpool_and_answers_as_without_one(llm, monkeypatch):
+    """llama-server's steady worker threads (pipelines/llm/llamacpp_pool.py) instead of one made
+    per llama_decode: attached by default, off with TASKRUN_LLAMA_THREADPOOL=0, same tokens."""
+    from taskrun.pipelines.llm import llamacpp_pool
+    from taskrun.pipelines.llm.llamacpp_batch import BatchEngine
+    from taskrun.tasks.seq_batch import Join
+
+    ids = llm.prompt_ids("Story number 7: once upon a time")
+    pooled = BatchEngine(llm, Join(2))
+    assert pooled.pool is not None, "the installed llama.cpp should offer ggml_threadpool_new"
+    with_pool = _greedy(pooled, ids)
+    monkeypatch.setenv("TASKRUN_LLAMA_THREADPOOL", "0")
+    plain = BatchEngine(llm, Join(2))
+    assert plain.pool is None and llamacpp_pool.attach(llm.lib, plain.ctx) is None
+    assert _greedy(plain, ids) == with_pool
+    del pooled, plain  # contexts freed, then their pools (BatchEngine.__del__)
