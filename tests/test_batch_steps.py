@@ -242,17 +242,20 @@ def _greedy(batch, ids: list[int], n: int = 8) -> list[int]:
 
 def test_the_batch_runs_on_a_persistent_threadpool_and_answers_as_without_one(llm, monkeypatch):
     """llama-server's steady worker threads (pipelines/llm/llamacpp_pool.py) instead of one made
-    per llama_decode: attached by default, off with TASKRUN_LLAMA_THREADPOOL=0, same tokens."""
+    per llama_decode: the process's one pool by default, off with TASKRUN_LLAMA_THREADPOOL=0, same
+    tokens."""
+    import os
+
     from taskrun.pipelines.llm import llamacpp_pool
     from taskrun.pipelines.llm.llamacpp_batch import BatchEngine
     from taskrun.tasks.seq_batch import Join
 
     ids = llm.prompt_ids("Story number 7: once upon a time")
     pooled = BatchEngine(llm, Join(2))
-    assert pooled.pool is not None, "the installed llama.cpp should offer ggml_threadpool_new"
     with_pool = _greedy(pooled, ids)
+    assert llamacpp_pool.SHARED.made.get(os.getpid()) is not None, "llama.cpp should offer ggml_threadpool_new"
     monkeypatch.setenv("TASKRUN_LLAMA_THREADPOOL", "0")
     plain = BatchEngine(llm, Join(2))
-    assert plain.pool is None and llamacpp_pool.attach(llm.lib, plain.ctx) is None
     assert _greedy(plain, ids) == with_pool
-    del pooled, plain  # contexts freed, then their pools (BatchEngine.__del__)
+    assert _greedy(pooled, ids) == with_pool  # the context the pool served, detached from it
+    del pooled, plain

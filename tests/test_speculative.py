@@ -275,3 +275,39 @@ def test_real_qwen_draft():
     m = json.loads(spec.stdout)["metrics"]
     assert m["draft_tokens"] > 0 and m["draft_acceptance"] > 0.5 and m["draft_stopped"] == 0, m
     assert a[:40] == b[:40], (a, b)
+
+
+def test_every_single_stream_context_shares_one_persistent_threadpool(pair, monkeypatch):
+    """The target's and the draft's contexts take turns on one pool of steady ggml threads
+    (pipelines/llm/llamacpp_pool.py, ``SHARED``), also from two threads at once; the answers are
+    those of the disposable pool (TASKRUN_LLAMA_THREADPOOL=0), token for token."""
+    import os
+    import threading
+
+    from taskrun.pipelines.llm import llamacpp_pool
+
+    target, draft = pair
+    ids = target.prompt_ids(PROMPTS[1], raw=True)
+    monkeypatch.setenv("TASKRUN_LLAMA_THREADPOOL", "0")
+    plain = _run(target, ids, max_tokens=24, draft=draft, draft_tokens=3).token_ids
+    alone = _run(target, ids, max_tokens=24).token_ids
+    monkeypatch.delenv("TASKRUN_LLAMA_THREADPOOL")
+    assert _run(target, ids, max_tokens=24, draft=draft, draft_tokens=3).token_ids == plain
+    made = llamacpp_pool.SHARED.made.get(os.getpid())
+    assert made is not None, "the installed llama.cpp should offer ggml_threadpool_new"
+    # two jobs at once on two engines: the lock keeps them to one graph at a time on the pool
+    other = copy.copy(target)
+    other.native = type(target.native)(target.lib, target.native.path)
+    other.prompt_native, other._copy_wanted = None, False  # nothing shared with the first engine
+    answers: dict[int, list[int]] = {}
+
+    def job(i, engine):
+        answers[i] = _run(engine, ids, max_tokens=24).token_ids
+
+    threads = [threading.Thread(target=job, args=(i, e)) for i, e in enumerate((target, other))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert answers == {0: alone, 1: alone}
+    assert llamacpp_pool.SHARED.made[os.getpid()] is made  # still the one pool

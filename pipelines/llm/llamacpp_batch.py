@@ -45,9 +45,9 @@ import threading
 import time
 
 from taskrun.models.fit import _available_ram
-from taskrun.pipelines.llm import llamacpp_pool
 from taskrun.pipelines.llm.kv_state import read_on_copy
 from taskrun.pipelines.llm.llamacpp_native import BATCH, decode_threads, log_tail, prompt_threads
+from taskrun.pipelines.llm.llamacpp_pool import SHARED
 from taskrun.tasks import cache_scope, seq_batch
 from taskrun.tasks.base import TaskError
 from taskrun.tasks.seq_batch import Join
@@ -110,7 +110,6 @@ class BatchEngine:
                 f"llama.cpp could not make a batch context of {n} x {self.n_ctx_seq} tokens for "
                 f"{base.path.name} ({log_tail()}); lower --parallel or free memory"
             )
-        self.pool = llamacpp_pool.attach(lib, self.ctx)  # llama-server's steady threads, not one per call
         self.mem = lib.llama_get_memory(self.ctx)
         self.n_ctx_seq = min(self.n_ctx_seq, int(lib.llama_n_ctx_seq(self.ctx)))
         self.slots = [_Slot(i) for i in range(n)]
@@ -345,7 +344,8 @@ class BatchEngine:
         b.n_tokens = len(rows)
 
     def _decode(self, n: int) -> None:
-        rc = self.lib.llama_decode(self.ctx, self.batch)
+        with SHARED.on(self.lib, self.ctx):  # llama-server's steady threads, not new ones each call
+            rc = self.lib.llama_decode(self.ctx, self.batch)
         if rc != 0:
             # what llama.cpp kept of a failed batch is unknown: every slot starts over
             for s in self.slots:
@@ -365,7 +365,6 @@ class BatchEngine:
         try:
             lib.llama_batch_free(self.batch)
             lib.llama_free(self.ctx)
-            llamacpp_pool.free(getattr(self, "pool", None))
         except Exception:  # at interpreter exit the library may be half gone; the OS frees it all
             pass
         self.ctx = None

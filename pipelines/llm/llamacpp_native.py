@@ -27,6 +27,7 @@ from pathlib import Path
 
 from taskrun.models.gguf import COPY_MAX_BYTES, copy_bytes, file_type, wants_prompt_copy  # noqa: F401 (their old home)
 from taskrun.pipelines.llm.kv_state import copy_seq
+from taskrun.pipelines.llm.llamacpp_pool import SHARED
 from taskrun.tasks.base import TaskError
 
 PIP = "llama-cpp-python==0.3.36"
@@ -286,7 +287,8 @@ class Native:
         for start in range(0, n, BATCH):
             k = min(BATCH, n - start)
             part = arr if k == n else (lib.llama_token * k).from_buffer(arr, start * ctypes.sizeof(lib.llama_token))
-            rc = lib.llama_decode(self.ctx, lib.llama_batch_get_one(part, k))
+            with SHARED.on(lib, self.ctx):  # llama-server's steady threads, not new ones each call
+                rc = lib.llama_decode(self.ctx, lib.llama_batch_get_one(part, k))
             if rc != 0:
                 # what llama.cpp kept of a failed batch is unknown: the next job starts over
                 self.clear()

@@ -1,4 +1,4 @@
-"""A persistent ggml threadpool attached to a llama.cpp context, as llama-server attaches one.
+"""One persistent ggml threadpool for every llama.cpp context of the process, as llama-server runs.
 
 Why: a context without one makes a *disposable* threadpool inside every ``llama_decode``
 (ggml-cpu.c, ``ggml_graph_compute``): a new worker thread per call, which the kernel places
@@ -6,7 +6,12 @@ beside the calling thread and moves away only later. Measured in one process on 
 (AVX-512 build, 2 cores, 41-token prompt, 6 alternated rounds): prompt reads took 428-709 ms with
 the disposable pool (bimodal: ~440 or ~570) and 422-436 ms with a persistent one, polling as
 llama-server's does (``poll`` 50); 4-row decode steps 86.7 against 86.4 ms. llama-server's own
-``prompt_ms`` on the same prompt was 428-460 ms.
+``prompt_ms`` on the same prompt was 428-460 ms. On a Zen 3 (AVX2) host the single-stream engine
+showed no difference either way beyond that host's noise (benchmarks/bench_threadpool.py).
+
+Why one pool and not one a context: after each graph a pool's workers poll for the next one
+(measured: ~0.2 s of a core after the last step), so two pools spin against each other: a draft's
+while the target verifies its tokens, a float16 prompt copy's while the server's batch steps.
 
 The pool is sized to the cores this process may use; llama.cpp runs each graph on
 ``min(its n_threads, the pool's)`` of them, so ``llama_set_n_threads`` keeps working.
@@ -17,6 +22,8 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 POLL = 50  # ggml's default and llama-server's: workers spin a while for the next graph before sleeping
@@ -45,9 +52,9 @@ def _cpu_library(llama_cpp):
     return None
 
 
-def attach(llama_cpp, ctx) -> object | None:
-    """Attach a persistent pool of this process's cores to ``ctx`` → the pool (free it with
-    ``free``), or None where it is off or the library lacks the calls (the disposable pool then)."""
+def _new(llama_cpp):
+    """A new pool of this process's cores and the library's attach call → ((cpu, pool), attach),
+    or None where it is off or the library lacks the calls (the disposable pool then)."""
     if os.environ.get("TASKRUN_LLAMA_THREADPOOL", "1") == "0":
         return None
     cpu = _cpu_library(llama_cpp)
@@ -62,13 +69,43 @@ def attach(llama_cpp, ctx) -> object | None:
     if not pool:
         return None
     attach_fn.restype, attach_fn.argtypes = None, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-    attach_fn(ctx, pool, pool)
-    return (cpu, pool)
+    return (cpu, pool), attach_fn
 
 
-def free(pool) -> None:
-    """Free a pool ``attach`` made, after the context it served is freed."""
-    if pool is not None:
-        cpu, handle = pool
-        cpu.ggml_threadpool_free.argtypes, cpu.ggml_threadpool_free.restype = [ctypes.c_void_p], None
-        cpu.ggml_threadpool_free(handle)
+class Shared:
+    """The process's pool, attached to a context just before each of its ``llama_decode`` calls
+    (a model's, its float16 prompt copy's, a draft's, the server's batch) and held for the call
+    under one lock.
+
+    Why the lock: a ggml pool runs one graph at a time, and two contexts computing at once on the
+    same cores would only take turns at ggml's barriers (docs/language-models.md); the lock is
+    taken around ``llama_decode`` alone, never with another lock inside it. Attaching is a pointer
+    llama.cpp reads at each graph (``llama_context::graph_compute``), so it costs nothing a call.
+    With TASKRUN_LLAMA_THREADPOOL=0 nothing is attached and nothing is locked."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.made: dict[int, object] = {}  # pid → _new's answer: a pool's workers do not survive fork
+
+    @contextmanager
+    def on(self, llama_cpp, ctx):
+        """Run the block (one ``llama_decode`` on ``ctx``) on the shared pool."""
+        if os.environ.get("TASKRUN_LLAMA_THREADPOOL", "1") == "0":
+            detach = getattr(getattr(llama_cpp, "llama_cpp", llama_cpp)._lib, "llama_detach_threadpool", None)
+            if detach is not None:  # a context the pool served before goes back to the disposable one
+                detach.restype, detach.argtypes = None, [ctypes.c_void_p]
+                detach(ctx)
+            yield
+            return
+        with self.lock:
+            pid = os.getpid()
+            if pid not in self.made:
+                self.made = {pid: _new(llama_cpp)}
+            made = self.made[pid]
+            if made is not None:
+                (_, handle), attach_fn = made
+                attach_fn(ctx, handle, handle)
+            yield
+
+
+SHARED = Shared()

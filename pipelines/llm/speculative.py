@@ -40,6 +40,7 @@ import numpy as np
 from taskrun.models.gguf import gguf_file, gguf_metadata
 from taskrun.pipelines import cached_model
 from taskrun.pipelines.llm.llamacpp_native import Native, file_type, library
+from taskrun.pipelines.llm.llamacpp_pool import SHARED
 from taskrun.pipelines.llm.sampling import Sampling, sample
 from taskrun.tasks.base import ModelCard, TaskError
 
@@ -116,7 +117,8 @@ def eval_all(engine, tokens: list[int]) -> np.ndarray:
             batch.token[i], batch.pos[i], batch.n_seq_id[i] = t, native.pos + i, 1
             batch.seq_id[i][0], batch.logits[i] = 0, 1
         batch.n_tokens = n
-        rc = lib.llama_decode(native.ctx, batch)
+        with SHARED.on(lib, native.ctx):
+            rc = lib.llama_decode(native.ctx, batch)
     finally:
         lib.llama_batch_free(batch)
     if rc != 0:
