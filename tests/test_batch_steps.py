@@ -259,32 +259,3 @@ def test_the_batch_runs_on_a_persistent_threadpool_and_answers_as_without_one(ll
     assert _greedy(plain, ids) == with_pool
     assert _greedy(pooled, ids) == with_pool  # the context the pool served, detached from it
     del pooled, plain
-
-
-def test_a_long_prompt_read_on_the_shared_pool_lets_a_batch_step_in_between_its_calls():
-    """The pool's lock is taken per llama_decode call: a thread reading a long prompt (512 tokens a
-    call, asking again at once) does not hold the server's batch step off to its end. Simulated
-    with a 2 ms C call that releases the GIL as llama_decode does."""
-    import ctypes
-    import ctypes.util
-
-    from taskrun.pipelines.llm.llamacpp_pool import SHARED
-
-    libc = ctypes.CDLL(ctypes.util.find_library("c"))
-    calls: list[int] = []
-
-    def prompt_read():
-        for k in range(300):
-            with SHARED.lock:
-                calls.append(k)
-                libc.usleep(2000)
-
-    reader = threading.Thread(target=prompt_read)
-    reader.start()
-    while len(calls) < 5:
-        time.sleep(0.001)
-    asked_at = len(calls)
-    with SHARED.lock:  # the batch step
-        got_at = len(calls)
-    reader.join(10)
-    assert got_at - asked_at <= 3 and got_at < 300, (asked_at, got_at)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+from collections import deque
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -72,6 +73,48 @@ def _new(llama_cpp):
     return (cpu, pool), attach_fn
 
 
+class FairLock:
+    """A lock handed to its waiters in the order they came. threading.Lock is not: a thread that
+    releases it and asks again at once, as a prompt read does between its 512-token calls, takes it
+    back before a woken waiter runs. Measured on 2 busy cores with a 2 ms C call that releases the
+    GIL as ``llama_decode`` does: a waiter got in after 0-130 more calls of the other thread's
+    (median 45 of 15 tries), so the server's batch could wait out most of a long prompt. Released,
+    this one goes straight to the longest waiter. A waiter interrupted (Ctrl-C) leaves the queue,
+    or passes the lock on when it was handed it meanwhile."""
+
+    _turn = threading.Event  # a waiter's signal (a test interrupts one)
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._waiting: deque[threading.Event] = deque()
+        self._held = False
+
+    def __enter__(self) -> FairLock:
+        with self._mutex:
+            if not self._held:
+                self._held = True
+                return self
+            turn = self._turn()
+            self._waiting.append(turn)
+        try:
+            turn.wait()
+        except BaseException:
+            with self._mutex:
+                if turn in self._waiting:  # not handed over yet: leave the queue
+                    self._waiting.remove(turn)
+                    raise
+            self.__exit__()  # handed over meanwhile: pass it on
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with self._mutex:
+            if self._waiting:
+                self._waiting.popleft().set()  # still held: now by the longest waiter
+            else:
+                self._held = False
+
+
 class Shared:
     """The process's pool, attached to a context just before each of its ``llama_decode`` calls
     (a model's, its float16 prompt copy's, a draft's, the server's batch) and held for the call
@@ -79,16 +122,14 @@ class Shared:
 
     Why the lock: a ggml pool runs one graph at a time, and two contexts computing at once on the
     same cores would only take turns at ggml's barriers (docs/language-models.md); the lock is
-    taken around ``llama_decode`` alone, never with another lock inside it. A thread that asks
-    again at once (a long prompt read, 512 tokens a call) does not keep it from a waiter (the
-    server's batch step): with threading.Lock, measured with a 2 ms call that releases the GIL as
-    ``llama_decode`` does, the waiter got in after at most one more call of the other's (5 of 5
-    tries), so no hand-off queue is needed. Attaching is a pointer
+    taken around ``llama_decode`` alone, never with another lock inside it, and handed on in
+    arrival order (FairLock), so that the server's batch steps and a summary's long prompt read
+    take turns call by call. Attaching is a pointer
     llama.cpp reads at each graph (``llama_context::graph_compute``), so it costs nothing a call.
     With TASKRUN_LLAMA_THREADPOOL=0 nothing is attached and nothing is locked."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self.lock = FairLock()
         self.made: dict[int, object] = {}  # pid → _new's answer: a pool's workers do not survive fork
 
     @contextmanager
