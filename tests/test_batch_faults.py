@@ -311,3 +311,53 @@ def test_a_signal_in_a_held_block_is_acted_on_as_the_block_ends():
             steps.append("both steps done")
     assert steps == ["both steps done"]
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_a_pool_found_broken_when_the_next_unit_is_sent_is_replaced_not_an_internal_error(monkeypatch):
+    """A worker killed between two collects breaks the pool before the next ``submit``: the pool
+    raises BrokenProcessPool there, not in a future (CI met it: "internal error: BrokenProcessPool").
+    The pool is replaced, the unfinished units run again, a unit that had finished before the
+    break is kept (not run twice), and a pool that breaks every time ends with the unit failed."""
+    import concurrent.futures as cf
+    from concurrent.futures.process import BrokenProcessPool
+
+    from taskrun.runner.batch import local
+
+    class Pool:
+        made: list = []
+
+        def __init__(self, broken: bool):
+            self.broken, self.sent = broken, []
+            Pool.made.append(self)
+
+        def submit(self, fn, unit, ctx):
+            if self.broken:
+                raise BrokenProcessPool("A child process terminated abruptly")
+            fut = cf.Future()
+            self.sent.append(unit)
+            return fut
+
+        def shutdown(self, wait=True, cancel_futures=False):
+            pass
+
+    breaks = iter([False, False])  # sound when made; the first breaks after its first unit
+    monkeypatch.setattr(local._PoolRun, "_new", lambda self: Pool(next(breaks)))
+    monkeypatch.setattr("taskrun.pipelines.device.cpu_threads", lambda: 2)
+    written = []
+    run = local._PoolRun(ctx=None, write=written.append, log=None, workers=1)
+    run.submit(["a"], 0)
+    first = next(iter(run.inflight))
+    first.set_result((["a done"], []))  # finished before the pool broke
+    run.pool.broken = True
+    run.submit(["b"], 0)  # the pool is found broken here
+    assert written == ["a done"]  # kept from the broken pool, not run again
+    assert len(Pool.made) == 2 and Pool.made[1].sent == [["b"]]
+    assert list(run.inflight.values()) == [(["b"], 1)]
+
+    always = iter([True] * 10)
+    monkeypatch.setattr(local._PoolRun, "_new", lambda self: Pool(next(always)))
+    monkeypatch.setattr(local, "_killed", lambda unit, ctx, tries: f"{unit[0]} failed after {tries}")
+    run.pool = Pool(True)
+    run.inflight.clear()
+    run.submit(["c"], 0)  # every new pool broken: bounded by POOL_TRIES, then the unit fails
+    assert written[-1] == f"c failed after {local.POOL_TRIES}"

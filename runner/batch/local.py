@@ -20,6 +20,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import os
 from collections.abc import Iterable, Iterator
+from concurrent.futures.process import BrokenProcessPool
 from itertools import islice
 
 from taskrun.runner.batch.source import Entry, task_of
@@ -93,61 +94,81 @@ def _run_pool(entries: Iterable[Entry], ctx: Context, write, *, log, workers: in
     """Run the units in a pool of processes. A worker killed mid-unit breaks the whole pool: a
     new pool is started and every unit that was in flight runs again (at most ``POOL_TRIES``
     times; then its items fail, naming why), so the batch goes on."""
-    import multiprocessing
-    from concurrent.futures.process import BrokenProcessPool
-
-    from taskrun.pipelines.device import cpu_threads
-
-    threads = max(1, cpu_threads() // workers)
-
-    def new_pool() -> cf.ProcessPoolExecutor:
-        # spawn: a forked child of a process that has started torch's threads can deadlock.
-        return cf.ProcessPoolExecutor(
-            workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker, initargs=(threads,)
-        )
-
-    pool = new_pool()
-    inflight: dict[cf.Future, tuple[list[Entry], int]] = {}
-
-    def submit(unit: list[Entry], tries: int) -> None:
-        inflight[pool.submit(pool_window, unit, ctx)] = (unit, tries)
-
-    def collect(done: Iterable[cf.Future]) -> None:
-        nonlocal pool
-        again: list[tuple[list[Entry], int]] = []
-        for fut in done:
-            unit, tries = inflight.pop(fut)
-            try:
-                finished, rows = fut.result()
-            except BrokenProcessPool:
-                again.append((unit, tries + 1))
-                continue
-            for row in rows:
-                if log is not None:
-                    log.append(row)
-            for fin in finished:
-                write(fin)
-        if not again:
-            return
-        again += [(unit, tries + 1) for unit, tries in inflight.values()]  # the broken pool's others
-        inflight.clear()
-        pool.shutdown(wait=False, cancel_futures=True)
-        pool = new_pool()
-        for unit, tries in again:
-            if tries < POOL_TRIES:
-                submit(unit, tries)
-            else:
-                write(_killed(unit, ctx, tries))
-
+    run = _PoolRun(ctx, write, log, workers)
     try:
         for unit in units(entries, ctx.chunk):
-            submit(unit, 0)
-            while len(inflight) >= 2 * workers:  # a bounded queue: the input is not read ahead
-                collect(cf.wait(list(inflight), return_when=cf.FIRST_COMPLETED)[0])
-        while inflight:
-            collect(cf.wait(list(inflight), return_when=cf.FIRST_COMPLETED)[0])
+            run.submit(unit, 0)
+            while len(run.inflight) >= 2 * workers:  # a bounded queue: the input is not read ahead
+                run.collect(cf.wait(list(run.inflight), return_when=cf.FIRST_COMPLETED)[0])
+        while run.inflight:
+            run.collect(cf.wait(list(run.inflight), return_when=cf.FIRST_COMPLETED)[0])
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        run.pool.shutdown(wait=True, cancel_futures=True)
+
+
+class _PoolRun:
+    """One batch's units on a pool of worker processes, and a new pool for one a dead worker broke."""
+
+    def __init__(self, ctx: Context, write, log, workers: int) -> None:
+        from taskrun.pipelines.device import cpu_threads
+
+        self.ctx, self.write, self.log, self.workers = ctx, write, log, workers
+        self.threads = max(1, cpu_threads() // workers)
+        self.pool = self._new()
+        self.inflight: dict[cf.Future, tuple[list[Entry], int]] = {}
+
+    def _new(self) -> cf.ProcessPoolExecutor:
+        import multiprocessing
+
+        # spawn: a forked child of a process that has started torch's threads can deadlock.
+        return cf.ProcessPoolExecutor(
+            self.workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_init_worker,
+            initargs=(self.threads,),
+        )
+
+    def submit(self, unit: list[Entry], tries: int) -> None:
+        try:
+            self.inflight[self.pool.submit(pool_window, unit, self.ctx)] = (unit, tries)
+        except BrokenProcessPool:  # a worker died since the last collect; counted as a try, so a
+            self.restart([(unit, tries + 1)])  # pool that breaks at once each time ends, naming why
+
+    def take(self, fut: cf.Future) -> bool:
+        """Write a finished unit's lines → True; False where its worker died (it runs again)."""
+        try:
+            finished, rows = fut.result()
+        except BrokenProcessPool:
+            return False
+        for row in rows:
+            if self.log is not None:
+                self.log.append(row)
+        for fin in finished:
+            self.write(fin)
+        return True
+
+    def collect(self, done: Iterable[cf.Future]) -> None:
+        again: list[tuple[list[Entry], int]] = []
+        for fut in done:
+            unit, tries = self.inflight.pop(fut)
+            if not self.take(fut):
+                again.append((unit, tries + 1))
+        if again:
+            self.restart(again)
+
+    def restart(self, again: list[tuple[list[Entry], int]]) -> None:
+        """A new pool for the broken one; ``again`` and the broken pool's unfinished units run on it."""
+        for fut, (unit, tries) in list(self.inflight.items()):
+            del self.inflight[fut]
+            if not (fut.done() and self.take(fut)):  # one that finished before the pool broke is kept
+                again.append((unit, tries + 1))
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.pool = self._new()
+        for unit, tries in again:
+            if tries < POOL_TRIES:
+                self.submit(unit, tries)
+            else:
+                self.write(_killed(unit, self.ctx, tries))
 
 
 def _killed(unit: list[Entry], ctx: Context, tries: int):
