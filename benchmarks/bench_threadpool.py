@@ -1,7 +1,7 @@
-"""The single-stream engine (`run generate`, summarize, chat, ``--draft``) on ggml's disposable
-threadpool against the persistent one every single-stream context now shares
-(pipelines/llm/llamacpp_pool.py, ``SHARED``): the same process, the same loaded engines, the cases
-alternated round by round (TASKRUN_LLAMA_THREADPOOL=0 is read at each call).
+"""The single-stream engine (`run generate`, summarize, chat, ``--draft``) on ggml's per-call
+threads (its default) against the process's persistent pool (pipelines/llm/llamacpp_pool.py,
+``SHARED``; TASKRUN_LLAMA_THREADPOOL=all puts single-stream contexts on it): the same process, the
+same loaded engines, the cases alternated round by round (the variable is read at each call).
 
 Cases, each once with the pool and once without it per round:
   alone   the 1.5B default alone, ``--tokens`` at temperature 0 on a prompt not read before (the
@@ -67,7 +67,7 @@ def main() -> None:
             if case == "draft":
                 s = Sampling(max_tokens=args.tokens, temperature=0.0, draft=draft, draft_tokens=args.fixed)
             for mode in modes:
-                os.environ["TASKRUN_LLAMA_THREADPOOL"] = "1" if mode == "pool" else "0"
+                os.environ["TASKRUN_LLAMA_THREADPOOL"] = "all" if mode == "pool" else "0"
                 target.native.clear()  # the prompt is read afresh in each mode
                 draft.native.clear()
                 out = complete(target, ids, s, Clock())

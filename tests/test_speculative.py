@@ -121,6 +121,11 @@ def test_a_stopped_draft_is_said_with_the_fixes():
 def test_the_adaptive_draft_goes_on_where_it_pays(pair, monkeypatch):
     """The model's own steps slow (a bandwidth-bound model, whose batched pass costs about one
     step): speculation is the faster path and drafts to the end of the answer."""
+    # one thread each: a second busy process (pytest -n 2, whose batch tests' pool polls between
+    # steps) then slows a round ~2x, where two threads meeting at ggml's barrier slowed it past the
+    # slowed steps and the pace stopped the draft (draft_stopped_at 31)
+    monkeypatch.setenv("TASKRUN_THREADS", "1")
+    monkeypatch.setenv("TASKRUN_DECODE_THREADS", "1")
     target, draft = pair
     ids = target.prompt_ids(PROMPTS[1], raw=True)
     alone = _run(target, ids, max_tokens=40)
@@ -277,28 +282,34 @@ def test_real_qwen_draft():
     assert a[:40] == b[:40], (a, b)
 
 
-def test_every_single_stream_context_shares_one_persistent_threadpool(pair, monkeypatch):
-    """The target's and the draft's contexts take turns on one pool of steady ggml threads
-    (pipelines/llm/llamacpp_pool.py, ``SHARED``), also from two threads at once; the answers are
-    those of the disposable pool (TASKRUN_LLAMA_THREADPOOL=0), token for token."""
+def test_single_stream_contexts_take_the_pool_when_asked_and_answer_as_without_it(pair, monkeypatch):
+    """TASKRUN_LLAMA_THREADPOOL=all puts the target's and the draft's contexts on the process's
+    pool (pipelines/llm/llamacpp_pool.py, ``SHARED``; the default keeps it to the server's batch),
+    also two engines from two threads at once under its lock; the answers are those of ggml's
+    per-call threads, token for token. Threads fixed, so that a busy machine does not change them
+    between the runs compared."""
     import os
     import threading
 
     from taskrun.pipelines.llm import llamacpp_pool
 
+    monkeypatch.setenv("TASKRUN_THREADS", "2")
+    monkeypatch.setenv("TASKRUN_DECODE_THREADS", "2")
     target, draft = pair
     ids = target.prompt_ids(PROMPTS[1], raw=True)
     monkeypatch.setenv("TASKRUN_LLAMA_THREADPOOL", "0")
     plain = _run(target, ids, max_tokens=24, draft=draft, draft_tokens=3).token_ids
     alone = _run(target, ids, max_tokens=24).token_ids
-    monkeypatch.delenv("TASKRUN_LLAMA_THREADPOOL")
+    monkeypatch.setenv("TASKRUN_LLAMA_THREADPOOL", "all")
     assert _run(target, ids, max_tokens=24, draft=draft, draft_tokens=3).token_ids == plain
     made = llamacpp_pool.SHARED.made.get(os.getpid())
     assert made is not None, "the installed llama.cpp should offer ggml_threadpool_new"
     # two jobs at once on two engines: the lock keeps them to one graph at a time on the pool
-    other = copy.copy(target)
-    other.native = type(target.native)(target.lib, target.native.path)
-    other.prompt_native, other._copy_wanted = None, False  # nothing shared with the first engine
+    from taskrun.models.gguf import gguf_metadata
+
+    path = target.native.path  # a second engine of its own (a copy would share its buffers)
+    other = type(target)(target.lib, type(target.native)(target.lib, path), gguf_metadata(path), target.digest)
+    other._copy_wanted = False
     answers: dict[int, list[int]] = {}
 
     def job(i, engine):
@@ -309,5 +320,7 @@ def test_every_single_stream_context_shares_one_persistent_threadpool(pair, monk
         t.start()
     for t in threads:
         t.join()
+    monkeypatch.delenv("TASKRUN_LLAMA_THREADPOOL")
+    assert _run(target, ids, max_tokens=24).token_ids == alone  # back on per-call threads (detached)
     assert answers == {0: alone, 1: alone}
     assert llamacpp_pool.SHARED.made[os.getpid()] is made  # still the one pool

@@ -287,7 +287,7 @@ class Native:
         for start in range(0, n, BATCH):
             k = min(BATCH, n - start)
             part = arr if k == n else (lib.llama_token * k).from_buffer(arr, start * ctypes.sizeof(lib.llama_token))
-            with SHARED.on(lib, self.ctx):  # llama-server's steady threads, not new ones each call
+            with SHARED.on(lib, self.ctx, single=True):  # ggml's per-call threads unless =all
                 rc = lib.llama_decode(self.ctx, lib.llama_batch_get_one(part, k))
             if rc != 0:
                 # what llama.cpp kept of a failed batch is unknown: the next job starts over

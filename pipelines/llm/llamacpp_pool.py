@@ -1,4 +1,4 @@
-"""One persistent ggml threadpool for every llama.cpp context of the process, as llama-server runs.
+"""One persistent ggml threadpool for the server's batch contexts, as llama-server runs.
 
 Why: a context without one makes a *disposable* threadpool inside every ``llama_decode``
 (ggml-cpu.c, ``ggml_graph_compute``): a new worker thread per call, which the kernel places
@@ -10,8 +10,9 @@ llama-server's does (``poll`` 50); 4-row decode steps 86.7 against 86.4 ms. llam
 showed no difference either way beyond that host's noise (benchmarks/bench_threadpool.py).
 
 Why one pool and not one a context: after each graph a pool's workers poll for the next one
-(measured: ~0.2 s of a core after the last step), so two pools spin against each other: a draft's
-while the target verifies its tokens, a float16 prompt copy's while the server's batch steps.
+(measured: ~0.2 s of a core after the last step), so two pools would spin against each other (two
+models' batches in one server). The single-stream contexts keep ggml's per-call threads unless
+TASKRUN_LLAMA_THREADPOOL=all (``Shared``, why).
 
 The pool is sized to the cores this process may use; llama.cpp runs each graph on
 ``min(its n_threads, the pool's)`` of them, so ``llama_set_n_threads`` keeps working.
@@ -117,25 +118,33 @@ class FairLock:
 
 class Shared:
     """The process's pool, attached to a context just before each of its ``llama_decode`` calls
-    (a model's, its float16 prompt copy's, a draft's, the server's batch) and held for the call
-    under one lock.
+    and held for the call under one lock: every batch context of the server (one a model), and
+    with TASKRUN_LLAMA_THREADPOOL=all the single-stream ones too (a model's, its float16 prompt
+    copy's, a draft's).
+
+    Why not the single-stream ones by default: on a Zen 3 host they were level either way
+    (benchmarks/bench_threadpool.py), and the pool's worker polls ~0.2 s of a core after each
+    graph, where ggml's per-call threads end with it. Beside a second busy process that polling
+    takes the core the other needs: with the single-stream engine on the pool, a test run on 2
+    workers (pytest -n 2) failed the adaptive draft's timing test.
 
     Why the lock: a ggml pool runs one graph at a time, and two contexts computing at once on the
     same cores would only take turns at ggml's barriers (docs/language-models.md); the lock is
     taken around ``llama_decode`` alone, never with another lock inside it, and handed on in
-    arrival order (FairLock), so that the server's batch steps and a summary's long prompt read
-    take turns call by call. Attaching is a pointer
-    llama.cpp reads at each graph (``llama_context::graph_compute``), so it costs nothing a call.
-    With TASKRUN_LLAMA_THREADPOOL=0 nothing is attached and nothing is locked."""
+    arrival order (FairLock). Attaching is a pointer llama.cpp reads at each graph
+    (``llama_context::graph_compute``), so it costs nothing a call. With
+    TASKRUN_LLAMA_THREADPOOL=0 nothing is attached and nothing is locked."""
 
     def __init__(self) -> None:
         self.lock = FairLock()
         self.made: dict[int, object] = {}  # pid → _new's answer: a pool's workers do not survive fork
 
     @contextmanager
-    def on(self, llama_cpp, ctx):
-        """Run the block (one ``llama_decode`` on ``ctx``) on the shared pool."""
-        if os.environ.get("TASKRUN_LLAMA_THREADPOOL", "1") == "0":
+    def on(self, llama_cpp, ctx, single: bool = False):
+        """Run the block (one ``llama_decode`` on ``ctx``, a single-stream context's where
+        ``single``) on the shared pool, or where the pool is not for it on ggml's per-call threads."""
+        mode = os.environ.get("TASKRUN_LLAMA_THREADPOOL", "1")
+        if mode == "0" or (single and mode != "all"):
             detach = getattr(getattr(llama_cpp, "llama_cpp", llama_cpp)._lib, "llama_detach_threadpool", None)
             if detach is not None:  # a context the pool served before goes back to the disposable one
                 detach.restype, detach.argtypes = None, [ctypes.c_void_p]

@@ -117,7 +117,7 @@ def eval_all(engine, tokens: list[int]) -> np.ndarray:
             batch.token[i], batch.pos[i], batch.n_seq_id[i] = t, native.pos + i, 1
             batch.seq_id[i][0], batch.logits[i] = 0, 1
         batch.n_tokens = n
-        with SHARED.on(lib, native.ctx):
+        with SHARED.on(lib, native.ctx, single=True):
             rc = lib.llama_decode(native.ctx, batch)
     finally:
         lib.llama_batch_free(batch)
