@@ -56,9 +56,7 @@ def _cpu_library(llama_cpp):
 
 def _new(llama_cpp):
     """A new pool of this process's cores and the library's attach call → ((cpu, pool), attach),
-    or None where it is off or the library lacks the calls (the disposable pool then)."""
-    if os.environ.get("TASKRUN_LLAMA_THREADPOOL", "1") == "0":
-        return None
+    or None where the library lacks the calls (the disposable pool then)."""
     cpu = _cpu_library(llama_cpp)
     attach_fn = getattr(getattr(llama_cpp, "llama_cpp", llama_cpp)._lib, "llama_attach_threadpool", None)
     if cpu is None or attach_fn is None or not hasattr(cpu, "ggml_threadpool_new"):
@@ -145,10 +143,10 @@ class Shared:
         ``single``) on the shared pool, or where the pool is not for it on ggml's per-call threads."""
         mode = os.environ.get("TASKRUN_LLAMA_THREADPOOL", "1")
         if mode == "0" or (single and mode != "all"):
-            detach = getattr(getattr(llama_cpp, "llama_cpp", llama_cpp)._lib, "llama_detach_threadpool", None)
-            if detach is not None:  # a context the pool served before goes back to the disposable one
+            if self.made.get(os.getpid()) is not None:  # a pool exists: ctx may have been attached to it
+                detach = getattr(llama_cpp, "llama_cpp", llama_cpp)._lib.llama_detach_threadpool
                 detach.restype, detach.argtypes = None, [ctypes.c_void_p]
-                detach(ctx)
+                detach(ctx)  # back to ggml's per-call threads
             yield
             return
         with self.lock:
